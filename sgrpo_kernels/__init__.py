@@ -1,0 +1,12 @@
+"""sgrpo-kernels: fused LM-head log-prob + entropy ops and reference-free GRPO-family losses."""
+
+from sgrpo_kernels.backends import BackendUnavailableError, available_backends
+from sgrpo_kernels.ops import linear_logprobs, logprobs_from_logits
+
+__all__ = [
+    "BackendUnavailableError",
+    "available_backends",
+    "linear_logprobs",
+    "logprobs_from_logits",
+]
+__version__ = "0.1.0"

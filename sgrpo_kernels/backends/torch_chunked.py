@@ -1,0 +1,276 @@
+"""The `torch` backend: chunked PyTorch, any device, the CPU default and the universal fallback.
+
+Never allocates an (N, V) tensor for `linear_logprobs`: logits exist one (token chunk x vocab chunk) tile at a time,
+sized from a memory budget. Forward keeps per-row online statistics in fp32 (fp64 for fp64 inputs):
+  m = running max,  s = sum exp(z - m),  u = sum exp(z - m) * (z - m),  z_y = target logit
+so that lse = m + log s and H = log s - u / s (tracking u relative to m avoids cancelling two large numbers when
+|z| is large). Backward recomputes each tile and applies (DESIGN.md)
+  dL/dz = g_logp * (1[j = y] - p) - g_H * p * (z - lse + H)
+after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sgrpo_kernels.backends import Options
+
+DEVICE_TYPES = ("*",)
+DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the tile temporaries of one step
+_TILE_TEMPS = 4  # live (rows x vocab-chunk) temporaries per tile, worst case (z, exp, products), in compute dtype
+_MIN_VCHUNK = 256
+
+
+def is_available() -> tuple[bool, str]:
+    return True, ""
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def chunk_sizes(n_rows: int, vocab: int, memory_budget: int, elem_bytes: int = 4) -> tuple[int, int]:
+    """(rows per tile, vocab columns per tile) so that the tile temporaries fit `memory_budget` bytes."""
+    budget = memory_budget if memory_budget > 0 else DEFAULT_MEMORY_BUDGET
+    tile = max(budget // (_TILE_TEMPS * elem_bytes), _MIN_VCHUNK)
+    v_chunk = min(vocab, max(_MIN_VCHUNK, tile // max(n_rows, 1)))
+    if v_chunk < vocab:
+        v_chunk = max(_MIN_VCHUNK, v_chunk // 128 * 128)
+    rows = max(1, min(max(n_rows, 1), tile // v_chunk))
+    return rows, v_chunk
+
+
+def _spans(total: int, step: int):
+    for start in range(0, total, step):
+        yield start, min(start + step, total)
+
+
+class _OnlineStats:
+    """Per-row running softmax statistics over vocab chunks (see module docstring)."""
+
+    def __init__(self, n: int, device: torch.device, dtype: torch.dtype):
+        self.m = torch.full((n,), float("-inf"), device=device, dtype=dtype)
+        self.s = torch.zeros(n, device=device, dtype=dtype)
+        self.u = torch.zeros(n, device=device, dtype=dtype)
+        self.zy = torch.zeros(n, device=device, dtype=dtype)
+
+    def update(self, rows: slice, z: torch.Tensor, targets: torch.Tensor, v0: int, with_entropy: bool) -> None:
+        """Fold tile z (rows, vc) covering vocab columns [v0, v0 + vc) into the statistics of `rows`. Consumes z."""
+        vc = z.shape[1]
+        local = targets - v0
+        hit = (local >= 0) & (local < vc)
+        zy = z.gather(1, local.clamp(0, vc - 1).unsqueeze(1)).squeeze(1)
+        self.zy[rows] = torch.where(hit, zy, self.zy[rows])
+
+        m_old = self.m[rows]
+        m_new = torch.maximum(m_old, z.amax(dim=1))
+        scale = torch.exp(m_old - m_new)  # exp(-inf) = 0 on the first chunk
+        z.sub_(m_new.unsqueeze(1))  # z - m_new, in place
+        e = torch.exp(z)
+        s_old = self.s[rows]  # a view: read it before s is written
+        if with_entropy:
+            # u_new = exp(m_old - m_new) * (u_old + s_old * (m_old - m_new)) + sum e * (z - m_new)
+            shift = torch.where(torch.isfinite(m_old), m_old - m_new, torch.zeros_like(m_old))
+            self.u[rows] = scale * (self.u[rows] + s_old * shift) + (e * z).sum(dim=1)
+        self.s[rows] = s_old * scale + e.sum(dim=1)
+        self.m[rows] = m_new
+
+    def finalize(self, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        log_s = torch.log(self.s)
+        lse = self.m + log_s
+        logp = self.zy - lse
+        entropy = log_s - self.u / self.s if with_entropy else None
+        return logp, lse, entropy
+
+
+def _grad_tile_(
+    z: torch.Tensor,  # (rows, vc) logits tile / temperature, overwritten
+    targets: torch.Tensor,  # (rows,)
+    v0: int,
+    lse: torch.Tensor,  # (rows,)
+    entropy: torch.Tensor | None,
+    g_logp: torch.Tensor,  # (rows,)
+    g_ent: torch.Tensor | None,
+    temperature: float,
+) -> torch.Tensor:
+    """dL/dlogits for one tile (including the 1/temperature of z = logits / temperature). Reuses z's storage."""
+    vc = z.shape[1]
+    z.sub_(lse.unsqueeze(1))  # z - lse = log p
+    p = torch.exp(z)
+    if g_ent is not None:
+        # dz -= g_H * p * (log p + H)
+        z.add_(entropy.unsqueeze(1)).mul_(p).mul_(g_ent.unsqueeze(1))
+        dz = p.mul_(g_logp.unsqueeze(1)).add_(z).neg_()
+    else:
+        dz = p.mul_(g_logp.unsqueeze(1)).neg_()
+    local = targets - v0
+    hit = (local >= 0) & (local < vc)
+    rows = torch.nonzero(hit).squeeze(1)
+    dz.index_put_((rows, local[rows]), g_logp[rows], accumulate=True)
+    if temperature != 1.0:
+        dz.div_(temperature)
+    return dz
+
+
+def _active_rows(
+    targets: torch.Tensor, ignore_index: int, g_logp: torch.Tensor | None = None, g_ent: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """Indices of rows that need work, or None when every row does (saves the gathers)."""
+    keep = targets != ignore_index
+    if g_logp is not None:
+        live = g_logp != 0
+        if g_ent is not None:
+            live = live | (g_ent != 0)
+        keep = keep & live
+    if bool(keep.all()):
+        return None
+    return torch.nonzero(keep).squeeze(1)
+
+
+def _scatter_rows(values: torch.Tensor, idx: torch.Tensor | None, n: int) -> torch.Tensor:
+    if idx is None:
+        return values
+    out = values.new_zeros((n, *values.shape[1:]))
+    out[idx] = values
+    return out
+
+
+def _entropy_grad(g_ent: torch.Tensor | None, entropy: torch.Tensor | None, opts: Options) -> torch.Tensor | None:
+    """None when the entropy term cannot contribute (not requested, or its upstream gradient is all zero)."""
+    if g_ent is None or entropy is None or entropy.numel() == 0 or not opts.return_entropy:
+        return None
+    return g_ent if bool((g_ent != 0).any()) else None
+
+
+def _empty(ref: torch.Tensor) -> torch.Tensor:
+    return ref.new_empty((0,), dtype=torch.float32)
+
+
+def _outputs(logp, lse, entropy, idx, n, opts: Options):
+    logp = _scatter_rows(logp, idx, n).float()
+    ent = _scatter_rows(entropy, idx, n).float() if opts.return_entropy else _empty(logp)
+    lse = _scatter_rows(lse, idx, n).float() if opts.need_lse else _empty(logp)
+    return logp, ent, lse
+
+
+# ----------------------------------------------------------------------------------------------------------- linear
+
+
+def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
+    n = hidden.shape[0]
+    vocab = weight.shape[0]
+    cdt = _compute_dtype(hidden.dtype)
+    idx = _active_rows(targets, opts.ignore_index)
+    h = (hidden if idx is None else hidden.index_select(0, idx)).to(cdt)
+    t = targets if idx is None else targets.index_select(0, idx)
+    rows_per_tile, v_chunk = chunk_sizes(h.shape[0], vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    stats = _OnlineStats(h.shape[0], h.device, cdt)
+    for v0, v1 in _spans(vocab, v_chunk):
+        w = weight[v0:v1].to(cdt)
+        b = bias[v0:v1].to(cdt) if bias is not None else None
+        for r0, r1 in _spans(h.shape[0], rows_per_tile):
+            z = h[r0:r1] @ w.T
+            if b is not None:
+                z.add_(b)
+            if opts.temperature != 1.0:
+                z.div_(opts.temperature)
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy)
+    logp, lse, entropy = stats.finalize(opts.return_entropy)
+    return _outputs(logp, lse, entropy, idx, n, opts)
+
+
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts: Options):
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    cdt = _compute_dtype(hidden.dtype)
+    g_ent = _entropy_grad(grad_entropy, entropy, opts)
+    idx = _active_rows(targets, opts.ignore_index, grad_logp, g_ent)
+
+    def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+        return x if x is None or idx is None else x.index_select(0, idx)
+
+    h = rows(hidden).to(cdt)
+    t, gl, ge = rows(targets), rows(grad_logp).to(cdt), rows(g_ent)
+    ls = rows(lse).to(cdt)
+    ent = rows(entropy).to(cdt) if ge is not None else None
+    ge = ge.to(cdt) if ge is not None else None
+    na = h.shape[0]
+
+    grad_h = torch.zeros(na, d, device=h.device, dtype=cdt)
+    grad_w = torch.empty_like(weight)
+    grad_b = torch.empty_like(bias) if bias is not None else None
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    for v0, v1 in _spans(vocab, v_chunk):
+        w = weight[v0:v1].to(cdt)
+        b = bias[v0:v1].to(cdt) if bias is not None else None
+        gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt)
+        gb = torch.zeros(v1 - v0, device=h.device, dtype=cdt) if bias is not None else None
+        for r0, r1 in _spans(na, rows_per_tile):
+            z = h[r0:r1] @ w.T
+            if b is not None:
+                z.add_(b)
+            if opts.temperature != 1.0:
+                z.div_(opts.temperature)
+            sl = slice(r0, r1)
+            dz = _grad_tile_(
+                z, t[sl], v0, ls[sl], ent[sl] if ent is not None else None, gl[sl],
+                ge[sl] if ge is not None else None, opts.temperature,
+            )
+            grad_h[sl].addmm_(dz, w)
+            gw.addmm_(dz.T, h[sl])
+            if gb is not None:
+                gb.add_(dz.sum(dim=0))
+        grad_w[v0:v1] = gw
+        if grad_b is not None:
+            grad_b[v0:v1] = gb
+    grad_hidden = _scatter_rows(grad_h, idx, n).to(hidden.dtype)
+    return grad_hidden, grad_w, grad_b
+
+
+# ----------------------------------------------------------------------------------------------------------- logits
+
+
+def logprobs_from_logits_fwd(logits, targets, opts: Options):
+    n, vocab = logits.shape
+    cdt = _compute_dtype(logits.dtype)
+    idx = _active_rows(targets, opts.ignore_index)
+    t = targets if idx is None else targets.index_select(0, idx)
+    na = t.shape[0]
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    stats = _OnlineStats(na, logits.device, cdt)
+    for r0, r1 in _spans(na, rows_per_tile):
+        src = logits[r0:r1] if idx is None else logits.index_select(0, idx[r0:r1])
+        for v0, v1 in _spans(vocab, v_chunk):
+            z = src[:, v0:v1].to(cdt, copy=True)
+            if opts.temperature != 1.0:
+                z.div_(opts.temperature)
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy)
+    logp, lse, entropy = stats.finalize(opts.return_entropy)
+    return _outputs(logp, lse, entropy, idx, n, opts)
+
+
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts: Options):
+    n, vocab = logits.shape
+    cdt = _compute_dtype(logits.dtype)
+    g_ent = _entropy_grad(grad_entropy, entropy, opts)
+    idx = _active_rows(targets, opts.ignore_index, grad_logp, g_ent)
+    active = torch.arange(n, device=logits.device) if idx is None else idx
+    out = logits if opts.inplace_backward else torch.empty_like(logits)
+    if idx is not None:  # rows without gradient get exact zeros
+        inactive = torch.ones(n, dtype=torch.bool, device=logits.device)
+        inactive[idx] = False
+        out[inactive] = 0
+    rows_per_tile, v_chunk = chunk_sizes(active.numel(), vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    for r0, r1 in _spans(active.numel(), rows_per_tile):
+        ri = active[r0:r1]
+        t = targets[ri]
+        ls, gl = lse[ri].to(cdt), grad_logp[ri].to(cdt)
+        ge = g_ent[ri].to(cdt) if g_ent is not None else None
+        ent = entropy[ri].to(cdt) if g_ent is not None else None
+        for v0, v1 in _spans(vocab, v_chunk):
+            z = logits[ri, v0:v1].to(cdt)  # advanced indexing copies: safe to overwrite
+            if opts.temperature != 1.0:
+                z.div_(opts.temperature)
+            dz = _grad_tile_(z, t, v0, ls, ent, gl, ge, opts.temperature)
+            out[ri, v0:v1] = dz.to(out.dtype)
+    return out

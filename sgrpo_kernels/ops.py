@@ -1,0 +1,297 @@
+"""The two ops of the contract, defined once with torch.library: schema, fake implementation, autograd.
+
+Layers (one name stem per op): backend entry points (`sgrpo_kernels.backends.*`) -> custom ops
+`sgrpo::linear_logprobs_fwd/_bwd`, `sgrpo::logprobs_from_logits_fwd/_bwd` (which dispatch to the backend named in
+their `backend` argument) -> autograd registration -> the public functions `linear_logprobs`,
+`logprobs_from_logits` (validation, backend resolution, flattening of leading dims).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels import backends
+from sgrpo_kernels._validation import check_linear_inputs, check_logits_inputs, check_target_values
+from sgrpo_kernels.backends import Options
+
+ENV_MEMORY_BUDGET_MB = "SGRPO_MEMORY_BUDGET_MB"
+ENV_DETERMINISTIC = "SGRPO_DETERMINISTIC"
+ENV_CHECK_TARGETS = "SGRPO_CHECK_TARGETS"
+
+
+def _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic, inplace=False):
+    return Options(
+        temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, need_lse=need_lse,
+        memory_budget=memory_budget, deterministic=deterministic, inplace_backward=inplace,
+    )
+
+
+def _check_values() -> bool:
+    return os.environ.get(ENV_CHECK_TARGETS, "1") != "0"
+
+
+def _row_stats_fake(ref: Tensor, n: int, return_entropy: bool, need_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
+    f32 = dict(dtype=torch.float32, device=ref.device)
+    return (
+        ref.new_empty((n,), **f32),
+        ref.new_empty((n if return_entropy else 0,), **f32),
+        ref.new_empty((n if need_lse else 0,), **f32),
+    )
+
+
+def _maybe(t: Tensor) -> Tensor | None:
+    return t if t.numel() > 0 else None
+
+
+# -------------------------------------------------------------------------------------------------- linear_logprobs
+
+
+@torch.library.custom_op("sgrpo::linear_logprobs_fwd", mutates_args=())
+def linear_logprobs_fwd(
+    hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, temperature: float, ignore_index: int,
+    return_entropy: bool, need_lse: bool, backend: str, memory_budget: int, deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); all fp32."""
+    if _check_values():
+        check_target_values(targets, weight.shape[0], ignore_index)
+    opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic)
+    return backends.get(backend).linear_logprobs_fwd(hidden, weight, targets, bias, opts)
+
+
+@linear_logprobs_fwd.register_fake
+def _(hidden, weight, targets, bias, temperature, ignore_index, return_entropy, need_lse, backend, memory_budget,
+      deterministic):
+    return _row_stats_fake(hidden, hidden.shape[0], return_entropy, need_lse)
+
+
+@torch.library.custom_op("sgrpo::linear_logprobs_bwd", mutates_args=())
+def linear_logprobs_bwd(
+    grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor, targets: Tensor,
+    bias: Tensor | None, lse: Tensor, entropy: Tensor | None, temperature: float, ignore_index: int,
+    return_entropy: bool, backend: str, memory_budget: int, deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,) (or (0,) without bias)."""
+    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, deterministic)
+    gh, gw, gb = backends.get(backend).linear_logprobs_bwd(
+        grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts
+    )
+    return gh, gw, (gb if gb is not None else hidden.new_empty((0,)))
+
+
+@linear_logprobs_bwd.register_fake
+def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, temperature, ignore_index,
+      return_entropy, backend, memory_budget, deterministic):
+    gb = torch.empty_like(bias) if bias is not None else hidden.new_empty((0,))
+    return torch.empty_like(hidden), torch.empty_like(weight), gb
+
+
+def _linear_setup_context(ctx, inputs, output):
+    (hidden, weight, targets, bias, temperature, ignore_index, return_entropy, _need_lse, backend, memory_budget,
+     deterministic) = inputs
+    _, entropy, lse = output
+    ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
+    ctx.args = (temperature, ignore_index, return_entropy, backend, memory_budget, deterministic)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad_logp, grad_entropy, _grad_lse):
+    hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
+    temperature, ignore_index, return_entropy, backend, memory_budget, deterministic = ctx.args
+    if lse.numel() != hidden.shape[0]:
+        raise RuntimeError("linear_logprobs: backward called on a forward that saved no statistics (need_lse=False)")
+    g_ent = grad_entropy if (return_entropy and grad_entropy is not None) else None
+    gh, gw, gb = linear_logprobs_bwd(
+        grad_logp.float(), g_ent.float() if g_ent is not None else None, hidden, weight, targets, bias, lse,
+        entropy if return_entropy else None, temperature, ignore_index, return_entropy, backend, memory_budget,
+        deterministic,
+    )
+    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "sgrpo::linear_logprobs_fwd", _linear_backward, setup_context=_linear_setup_context
+)
+
+
+# --------------------------------------------------------------------------------------------- logprobs_from_logits
+
+
+@torch.library.custom_op("sgrpo::logprobs_from_logits_fwd", mutates_args=())
+def logprobs_from_logits_fwd(
+    logits: Tensor, targets: Tensor, temperature: float, ignore_index: int, return_entropy: bool, need_lse: bool,
+    backend: str, memory_budget: int, inplace_backward: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); all fp32."""
+    if _check_values():
+        check_target_values(targets, logits.shape[1], ignore_index)
+    opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, False)
+    return backends.get(backend).logprobs_from_logits_fwd(logits, targets, opts)
+
+
+@logprobs_from_logits_fwd.register_fake
+def _(logits, targets, temperature, ignore_index, return_entropy, need_lse, backend, memory_budget,
+      inplace_backward):
+    return _row_stats_fake(logits, logits.shape[0], return_entropy, need_lse)
+
+
+@torch.library.custom_op("sgrpo::logprobs_from_logits_bwd", mutates_args=())
+def logprobs_from_logits_bwd(
+    grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
+    entropy: Tensor | None, temperature: float, ignore_index: int, return_entropy: bool, backend: str,
+    memory_budget: int,
+) -> Tensor:
+    """-> grad_logits (N, V) in a new buffer."""
+    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, False)
+    return backends.get(backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts)
+
+
+@logprobs_from_logits_bwd.register_fake
+def _(grad_logp, grad_entropy, logits, targets, lse, entropy, temperature, ignore_index, return_entropy, backend,
+      memory_budget):
+    return torch.empty_like(logits)
+
+
+@torch.library.custom_op("sgrpo::logprobs_from_logits_bwd_", mutates_args=("logits",))
+def logprobs_from_logits_bwd_(
+    grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
+    entropy: Tensor | None, temperature: float, ignore_index: int, return_entropy: bool, backend: str,
+    memory_budget: int,
+) -> None:
+    """In-place variant: overwrites `logits` with grad_logits (chunk by chunk, no second (N, V) buffer)."""
+    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, False, inplace=True)
+    backends.get(backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts)
+
+
+@logprobs_from_logits_bwd_.register_fake
+def _(grad_logp, grad_entropy, logits, targets, lse, entropy, temperature, ignore_index, return_entropy, backend,
+      memory_budget):
+    return None
+
+
+def _logits_setup_context(ctx, inputs, output):
+    logits, targets, temperature, ignore_index, return_entropy, _need_lse, backend, memory_budget, inplace = inputs
+    _, entropy, lse = output
+    ctx.save_for_backward(logits, targets, lse, entropy)
+    ctx.args = (temperature, ignore_index, return_entropy, backend, memory_budget, inplace)
+
+
+def _logits_backward(ctx, grad_logp, grad_entropy, _grad_lse):
+    logits, targets, lse, entropy = ctx.saved_tensors
+    temperature, ignore_index, return_entropy, backend, memory_budget, inplace = ctx.args
+    if lse.numel() != logits.shape[0]:
+        raise RuntimeError("logprobs_from_logits: backward called on a forward that saved no statistics")
+    g_ent = grad_entropy.float() if (return_entropy and grad_entropy is not None) else None
+    args = (grad_logp.float(), g_ent, logits, targets, lse, entropy if return_entropy else None, temperature,
+            ignore_index, return_entropy, backend, memory_budget)
+    if inplace:
+        logprobs_from_logits_bwd_(*args)
+        grad = logits
+    else:
+        grad = logprobs_from_logits_bwd(*args)
+    return grad, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context
+)
+
+
+# ---------------------------------------------------------------------------------------------------- public API
+
+
+def _budget(memory_budget: int | None) -> int:
+    if memory_budget is not None:
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
+            raise ValueError(f"memory_budget must be a non-negative int (bytes) or None, got {memory_budget!r}")
+        return memory_budget
+    env = os.environ.get(ENV_MEMORY_BUDGET_MB)
+    if env:
+        try:
+            return int(float(env) * 2**20)
+        except ValueError:
+            raise ValueError(f"env {ENV_MEMORY_BUDGET_MB}={env!r}: expected a number of MiB") from None
+    return 0
+
+
+def _deterministic(flag: bool | None) -> bool:
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(ENV_DETERMINISTIC, "0") not in ("", "0", "false", "False")
+
+
+def linear_logprobs(
+    hidden: Tensor,  # (..., D)
+    weight: Tensor,  # (V, D)
+    targets: Tensor,  # (...) integer
+    *,
+    bias: Tensor | None = None,  # (V,)
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = True,
+    backend: str | None = None,
+    memory_budget: int | None = None,
+    deterministic: bool | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
+
+    The (..., V) logits are never materialized. With z = (h . W_j + b_j) / temperature for one row:
+        logp = z_y - logsumexp(z),   entropy = -sum_j p_j log p_j,   p = softmax(z).
+
+    Returns `(logp, entropy)`, both float32 with the leading shape `hidden.shape[:-1]`; with `return_entropy=False`
+    the entropy is not computed and `(logp, None)` is returned. Rows whose target equals `ignore_index` give 0 for both
+    and receive no gradient. Differentiable w.r.t. hidden, weight and bias through both outputs. Under `torch.no_grad()`
+    (or when no input requires grad) nothing is saved for backward.
+
+    Args:
+        backend: "torch", "triton", "npu" or None/"auto" (env SGRPO_BACKEND, else chosen by device).
+        memory_budget: bytes for tile temporaries of the chunked backends (env SGRPO_MEMORY_BUDGET_MB; default 128 MiB).
+        deterministic: bitwise reproducible gradients (env SGRPO_DETERMINISTIC); the torch backend always is.
+    """
+    temperature, ignore_index = check_linear_inputs(hidden, weight, targets, bias, temperature, ignore_index)
+    name = backends.resolve(backend, hidden.device)
+    lead = targets.shape
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    logp, entropy, _ = linear_logprobs_fwd(
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(), bias, temperature, ignore_index,
+        bool(return_entropy), needs_grad, name, _budget(memory_budget), _deterministic(deterministic),
+    )
+    return logp.view(lead), (entropy.view(lead) if return_entropy else None)
+
+
+def logprobs_from_logits(
+    logits: Tensor,  # (..., V)
+    targets: Tensor,  # (...) integer
+    *,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = True,
+    backend: str | None = None,
+    memory_budget: int | None = None,
+    inplace_backward: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
+
+    One streaming pass over V per row (online statistics); the backward writes grad_logits vocab chunk by vocab chunk.
+    Returns `(logp, entropy)` float32 with the leading shape `logits.shape[:-1]` (`(logp, None)` with
+    `return_entropy=False`). Ignored rows give 0 and no gradient.
+
+    Args:
+        inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe
+            when nothing else needs `logits` after this op's backward (autograd raises if something saved it).
+        backend, memory_budget: as in `linear_logprobs`.
+    """
+    temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
+    name = backends.resolve(backend, logits.device)
+    lead = targets.shape
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    flat = logits.reshape(-1, logits.shape[-1])
+    logp, entropy, _ = logprobs_from_logits_fwd(
+        flat, targets.reshape(-1).long(), temperature, ignore_index, bool(return_entropy), needs_grad, name,
+        _budget(memory_budget), bool(inplace_backward),
+    )
+    return logp.view(lead), (entropy.view(lead) if return_entropy else None)

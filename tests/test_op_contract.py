@@ -1,0 +1,257 @@
+"""torch.library integration (opcheck, torch.compile), input validation, backend dispatch, and the torch backend's
+memory properties (no (N, V) tensor in linear_logprobs; zero-gradient rows dropped before the matrix products)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sgrpo_kernels as sk
+from sgrpo_kernels import backends
+from sgrpo_kernels import reference as ref
+from sgrpo_kernels.backends import BackendUnavailableError, Options
+from sgrpo_kernels.backends import torch_chunked as tc
+
+
+def _inputs(N=6, D=8, V=37, bias=True, dtype=torch.float32, requires_grad=True):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(N, D, generator=g, dtype=dtype, requires_grad=requires_grad)
+    w = torch.randn(V, D, generator=g, dtype=dtype, requires_grad=requires_grad)
+    b = torch.randn(V, generator=g, dtype=dtype, requires_grad=requires_grad) if bias else None
+    t = torch.randint(0, V, (N,), generator=g)
+    t[1] = -100
+    return h, w, t, b
+
+
+# ------------------------------------------------------------------------------------------------------- opcheck
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("return_entropy", [True, False])
+def test_opcheck_linear(dev_backend, bias, return_entropy):
+    device, backend = dev_backend
+    h, w, t, b = (x.to(device) if x is not None else None for x in _inputs(bias=bias))
+    args = (h, w, t, b, 0.7, -100, return_entropy, True, backend, 0, False)
+    torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_fwd.default, args)
+    gl, ge = torch.randn(6, device=device), torch.randn(6, device=device)
+    _, ent, lse = torch.ops.sgrpo.linear_logprobs_fwd(*[a.detach() if isinstance(a, torch.Tensor) else a
+                                                        for a in args])
+    bwd_args = (gl, ge if return_entropy else None, h.detach(), w.detach(), t, b.detach() if b is not None else None,
+                lse, ent if return_entropy else None, 0.7, -100, return_entropy, backend, 0, False)
+    torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_bwd.default, bwd_args)
+
+
+@pytest.mark.parametrize("return_entropy", [True, False])
+def test_opcheck_logits(dev_backend, return_entropy):
+    device, backend = dev_backend
+    z = torch.randn(5, 29, device=device, requires_grad=True)
+    t = torch.randint(0, 29, (5,), device=device)
+    args = (z, t, 1.3, -100, return_entropy, True, backend, 0, False)
+    torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_fwd.default, args)
+    _, ent, lse = torch.ops.sgrpo.logprobs_from_logits_fwd(z.detach(), *args[1:])
+    bwd_args = (torch.randn(5, device=device), torch.randn(5, device=device) if return_entropy else None, z.detach(),
+                t, lse, ent if return_entropy else None, 1.3, -100, return_entropy, backend, 0)
+    torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_bwd.default, bwd_args)
+
+
+def test_torch_compile_fullgraph(dev_backend):
+    device, backend = dev_backend
+    torch._dynamo.reset()
+    h, w, t, b = (x.detach().to(device) if x is not None else None for x in _inputs(N=10, V=41))
+    z = torch.randn(10, 41, device=device)
+
+    def f(h, w, b, z):
+        lp, ent = sk.linear_logprobs(h, w, t, bias=b, temperature=0.9, backend=backend)
+        lp2, ent2 = sk.logprobs_from_logits(z, t, temperature=1.1, backend=backend)
+        return (lp * 0.3 + ent * 0.7).sum() + (lp2 - 0.5 * ent2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaves = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
+    loss = compiled(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    leaves_e = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
+    loss_e = f(*leaves_e)
+    grads_e = torch.autograd.grad(loss_e, leaves_e)
+    torch.testing.assert_close(loss, loss_e)
+    for a, e in zip(grads, grads_e):
+        torch.testing.assert_close(a, e)
+
+
+# ------------------------------------------------------------------------------------------------- bad inputs
+
+
+def _call_linear(**over):
+    h, w, t, b = _inputs(requires_grad=False)
+    kw = dict(hidden=h, weight=w, targets=t, bias=b)
+    kw.update(over)
+    extra = {k: kw.pop(k) for k in list(kw) if k not in ("hidden", "weight", "targets")}
+    return sk.linear_logprobs(kw["hidden"], kw["weight"], kw["targets"], **extra)
+
+
+BAD_LINEAR = [
+    (dict(targets=torch.tensor([0, 1, 2, 3, 4, 37])), ValueError, r"targets must lie in \[0, 37\)"),
+    (dict(targets=torch.tensor([0, 1, 2, 3, 4, -1])), ValueError, "ignore_index=-100"),
+    (dict(targets=torch.zeros(6)), TypeError, "targets must be an integer tensor"),
+    (dict(targets=torch.zeros(6, dtype=torch.bool)), TypeError, "targets must be an integer tensor"),
+    (dict(targets=torch.zeros(5, dtype=torch.long)), ValueError, r"targets has shape \(5,\), expected .* \(6,\)"),
+    (dict(targets=torch.zeros(6, 1, dtype=torch.long)), ValueError, "targets has shape"),
+    (dict(hidden=torch.randn(6, 9)), ValueError, r"hidden has last dim 9 .* expected D = 8"),
+    (dict(weight=torch.randn(37, 8, 1)), ValueError, r"weight must be 2-D .* got shape \(37, 8, 1\)"),
+    (dict(weight=torch.randn(0, 8)), ValueError, "V = 0"),
+    (dict(bias=torch.randn(36)), ValueError, r"bias must have shape \(37,\)"),
+    (dict(bias=torch.randn(37, dtype=torch.float64)), TypeError, "bias has dtype torch.float64"),
+    (dict(hidden=torch.randn(6, 8, dtype=torch.bfloat16)), TypeError, "hidden has dtype torch.bfloat16 but weight"),
+    (dict(hidden=torch.randint(0, 3, (6, 8))), TypeError, "hidden must be a floating tensor"),
+    (dict(hidden=torch.randn(6, 8).numpy()), TypeError, "hidden must be a torch.Tensor"),
+    (dict(temperature=0.0), ValueError, "temperature must be a finite number > 0"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(temperature=float("nan")), ValueError, "temperature"),
+    (dict(temperature=float("inf")), ValueError, "temperature"),
+    (dict(temperature=torch.tensor(1.0)), TypeError, "temperature must be a Python float"),
+    (dict(ignore_index=1.5), TypeError, "ignore_index must be a Python int"),
+    (dict(memory_budget=-5), ValueError, "memory_budget"),
+    (dict(backend="nope"), ValueError, "unknown backend"),
+]
+
+
+@pytest.mark.parametrize("over,exc,match", BAD_LINEAR, ids=[m for _, _, m in BAD_LINEAR])
+def test_linear_bad_inputs(over, exc, match):
+    with pytest.raises(exc, match=match):
+        _call_linear(**over)
+
+
+@pytest.mark.skipif(not torch.backends.mps.is_available() and not torch.cuda.is_available(),
+                    reason="needs a second device to test device mismatch")
+def test_linear_device_mismatch():
+    other = "cuda" if torch.cuda.is_available() else "mps"
+    with pytest.raises(ValueError, match="hidden is on"):
+        _call_linear(hidden=torch.randn(6, 8, device=other))
+
+
+def test_device_mismatch_message_for_targets():
+    # a meta-device targets tensor stands in for "another device" on a CPU-only machine
+    with pytest.raises(ValueError, match="targets is on meta, expected cpu"):
+        _call_linear(targets=torch.zeros(6, dtype=torch.long, device="meta"))
+
+
+BAD_LOGITS = [
+    (dict(targets=torch.tensor([0, 1, 29, 3])), ValueError, r"targets must lie in \[0, 29\)"),
+    (dict(targets=torch.zeros(4, 2, dtype=torch.long)), ValueError, "expected the leading shape of logits"),
+    (dict(targets=torch.zeros(4)), TypeError, "integer tensor"),
+    (dict(logits=torch.randint(0, 3, (4, 29))), TypeError, "logits must be a floating tensor"),
+    (dict(logits=torch.randn(4, 0)), ValueError, "vocabulary"),
+    (dict(temperature=0), ValueError, "temperature"),
+]
+
+
+@pytest.mark.parametrize("over,exc,match", BAD_LOGITS, ids=[m for _, _, m in BAD_LOGITS])
+def test_logits_bad_inputs(over, exc, match):
+    kw = dict(logits=torch.randn(4, 29), targets=torch.tensor([0, 1, 2, -100]))
+    kw.update(over)
+    extra = {k: kw.pop(k) for k in list(kw) if k not in ("logits", "targets")}
+    with pytest.raises(exc, match=match):
+        sk.logprobs_from_logits(kw["logits"], kw["targets"], **extra)
+
+
+def test_int32_targets_and_custom_ignore_index():
+    h, w, t, b = _inputs(requires_grad=False)
+    t = t.clone()
+    t[1] = 7
+    lp, _ = sk.linear_logprobs(h, w, t.int(), bias=b, ignore_index=7)
+    lr, _ = ref.linear_logprobs(h.double(), w.double(), t, bias=b.double(), ignore_index=7, out_dtype=None)
+    assert lp[t == 7].eq(0).all()
+    torch.testing.assert_close(lp.double(), lr, atol=2e-5, rtol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------------ dispatch
+
+
+def test_dispatch_default_and_env(monkeypatch):
+    monkeypatch.delenv(backends.ENV_BACKEND, raising=False)
+    assert backends.resolve(None, torch.device("cpu")) == "torch"
+    monkeypatch.setenv(backends.ENV_BACKEND, "torch")
+    assert backends.resolve(None, torch.device("cpu")) == "torch"
+    monkeypatch.setenv(backends.ENV_BACKEND, "bogus")
+    with pytest.raises(ValueError, match=r"env SGRPO_BACKEND='bogus': unknown backend"):
+        backends.resolve(None, torch.device("cpu"))
+    # the keyword wins over the environment
+    assert backends.resolve("torch", torch.device("cpu")) == "torch"
+
+
+def test_dispatch_unavailable_backend_is_named(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for name in ("triton", "npu"):
+        status = backends.available_backends()[name]
+        if status == "available":
+            continue  # a machine with the real device
+        with pytest.raises(BackendUnavailableError, match=f"backend '{name}'"):
+            backends.resolve(name, torch.device("cpu"))
+    with pytest.raises(BackendUnavailableError, match="reference"):
+        backends.resolve("reference", torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------- torch backend: memory shape
+
+
+class _RecordShapes(TorchDispatchMode):
+    """Records the element count of every tensor an aten op produces, and the (M, K, N) of every matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel = 0
+        self.matmuls: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.max_numel = max(self.max_numel, o.numel())
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            a, b = (args[-2], args[-1])
+            self.matmuls.append((a.shape[0], a.shape[1], b.shape[1]))
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_torch_backend_never_allocates_full_logits(dtype):
+    N, D, V = 64, 16, 4096
+    h, w, t, b = _inputs(N=N, D=D, V=V, dtype=dtype, requires_grad=False)
+    opts = Options(temperature=0.9, memory_budget=64 * 1024)  # tile of 4096 elements << N * V = 262144
+    with _RecordShapes() as rec:
+        logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
+        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, lse, ent, opts)
+    # the largest tensor is the weight-sized gradient, never anything of N * V elements
+    assert rec.max_numel <= max(V * D, 4 * 4096), rec.max_numel
+    assert rec.max_numel < N * V
+
+
+def test_torch_backend_drops_zero_gradient_rows_before_matmuls():
+    N, D, V = 40, 8, 300
+    h, w, t, b = _inputs(N=N, D=D, V=V, requires_grad=False)
+    g_logp, g_ent = torch.randn(N), torch.randn(N)
+    dead = torch.arange(N) % 4 != 0  # 30 of 40 rows have no upstream gradient
+    g_logp[dead] = 0
+    g_ent[dead] = 0
+    t[0] = -100  # ignored rows drop too, even with a non-zero upstream gradient
+    opts = Options(memory_budget=1 << 30)
+    logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
+    with _RecordShapes() as rec:
+        gh, gw, gb = tc.linear_logprobs_bwd(g_logp, g_ent, h, w, t, b, lse, ent, opts)
+    active = int((~dead & (t != -100)).sum())
+    assert active == 9
+    assert rec.matmuls and all(active in (m, n) for m, _, n in rec.matmuls), rec.matmuls
+    # ... and the result equals the dense computation
+    dense = tc.linear_logprobs_bwd(torch.where(dead, 1e-30, g_logp), torch.where(dead, 0.0, g_ent), h, w, t, b, lse,
+                                   ent, opts)
+    for a, e in zip((gh, gw, gb), dense):
+        torch.testing.assert_close(a, e)
+
+
+def test_chunk_sizes_respect_budget():
+    for n, v, budget in [(1, 151936, 0), (2048, 151936, 0), (8192, 49152, 2**20), (10**6, 151936, 0), (3, 7, 1)]:
+        rows, vc = tc.chunk_sizes(n, v, budget)
+        assert 1 <= rows <= max(n, 1) and 1 <= vc <= v
+        effective = budget or tc.DEFAULT_MEMORY_BUDGET
+        if vc > 256:  # above the minimum chunk the tile fits the budget
+            assert rows * vc * 4 * tc._TILE_TEMPS <= effective
