@@ -1,0 +1,117 @@
+"""``sgrpo_loss``: hidden states -> ``linear_logprobs`` (logits never exist) -> :func:`policy_loss`, in one call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels.rl._checks import check_float_tensor, check_mask, check_rank, check_tensor
+from sgrpo_kernels.rl.loss import LossConfig, policy_loss
+
+__all__ = ["sgrpo_loss"]
+
+
+def sgrpo_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: LossConfig,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    old_logp: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    token_weights: Tensor | None = None,
+    conflict_counts: Tensor | None = None,
+    rewards: Tensor | None = None,
+    group_size: int | None = None,
+    compute_entropy: bool | None = None,
+    ignore_index: int = -100,
+    backend: str | None = None,
+    memory_budget: int | None = None,
+    deterministic: bool = False,
+) -> tuple[Tensor, dict[str, float]]:
+    r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
+
+    .. math::
+        (\log\pi_{it}, H_{it}) = \mathrm{linear\_logprobs}(h_{it}, W, y_{it}; b, \tau),\quad
+        (L, metrics) = \mathrm{policy\_loss}(\log\pi, A, m, config, H, \ldots)
+
+    Positions where ``mask`` is 0 or ``targets == ignore_index`` are passed to ``linear_logprobs`` as ignored rows and
+    excluded from the loss; together with zero-weight tokens and filtered completions they receive exactly zero
+    upstream gradient, so the fast backends skip them in the backward. Gradients reach ``hidden``, ``weight`` and
+    ``bias``.
+
+    Args:
+        hidden: ``[B, T, D]`` float hidden states at the positions that predict ``targets`` (already shifted).
+        weight: ``[V, D]`` LM-head weight; bias: optional ``[V]``; temperature: the sampling temperature.
+        targets: ``[B, T]`` integer sampled completion tokens.
+        advantages: ``[B]``; mask: ``[B, T]`` bool or float; config: a :class:`~sgrpo_kernels.rl.LossConfig`.
+        old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size: as in
+            :func:`~sgrpo_kernels.rl.policy_loss` (``vocab_size`` is taken from ``weight``).
+        compute_entropy: compute token entropies (default: only when the config needs them); when computed, the
+            ``entropy_mean`` metric is reported.
+        ignore_index, backend, memory_budget, deterministic: forwarded to ``linear_logprobs``.
+
+    Returns:
+        ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
+    """
+    from sgrpo_kernels.ops import linear_logprobs  # late import: ops does not depend on the RL layer
+
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
+    hidden = check_float_tensor("hidden", hidden)
+    check_rank("hidden", hidden, 3, "[B, T, D]")
+    b, t, _ = hidden.shape
+    targets = check_tensor("targets", targets)
+    if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
+        raise TypeError(f"targets must be an integer tensor, got dtype {targets.dtype}")
+    if tuple(targets.shape) != (b, t):
+        raise ValueError(f"targets has shape {tuple(targets.shape)}, expected ({b}, {t}) (the [B, T] of hidden)")
+    mask = check_mask("mask", mask, (b, t), " (the [B, T] of hidden)")
+    if mask.device != hidden.device:
+        raise ValueError(f"mask is on {mask.device}, expected {hidden.device} (the device of hidden)")
+    need_entropy = config.needs_entropy
+    if compute_entropy is None:
+        compute_entropy = need_entropy
+    elif not compute_entropy and need_entropy:
+        raise ValueError(f"compute_entropy=False but config {config.name!r} needs token entropies")
+
+    valid = (mask != 0) & (targets != ignore_index)
+    eff_targets = torch.where(valid, targets, torch.full_like(targets, ignore_index))
+    eff_mask = valid if mask.dtype == torch.bool else torch.where(valid, mask, torch.zeros_like(mask))
+    options: dict[str, Any] = {}
+    if backend is not None:
+        options["backend"] = backend
+    if memory_budget is not None:
+        options["memory_budget"] = memory_budget
+    if deterministic:
+        options["deterministic"] = True
+    logp, entropy = linear_logprobs(
+        hidden,
+        weight,
+        eff_targets,
+        bias=bias,
+        temperature=temperature,
+        ignore_index=ignore_index,
+        return_entropy=bool(compute_entropy),
+        **options,
+    )
+    return policy_loss(
+        logp,
+        advantages,
+        eff_mask,
+        config,
+        entropy=entropy,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        token_weights=token_weights,
+        conflict_counts=conflict_counts,
+        rewards=rewards,
+        group_size=group_size,
+        vocab_size=int(weight.shape[0]),
+    )

@@ -1,0 +1,158 @@
+"""Named LossConfig presets of the GRPO family; override any field with ``dataclasses.replace``.
+
+Each preset names its advantage method and conflict strategy too, so a trainer runs it end to end:
+``adv = cfg.advantages(rewards, G)``, ``w, n = cfg.conflict_weights(ids, mask, adv, G)``,
+``loss, metrics = sgrpo_loss(hidden, weight, ids, adv, mask, cfg, token_weights=w, conflict_counts=n)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sgrpo_kernels.rl.loss import LossConfig
+
+__all__ = ["PRESETS", "preset"]
+
+
+def _grpo() -> LossConfig:
+    # DeepSeekMath (arXiv 2402.03300); TRL GRPOTrainer (beta 0.04 was TRL's default until v0.18, epsilon 0.2).
+    return LossConfig(
+        name="grpo",
+        advantage_method="grpo",
+        beta=0.04,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        loss_agg="seq-mean-token-mean",
+    )
+
+
+def _dr_grpo() -> LossConfig:
+    # Dr. GRPO, "Understanding R1-Zero-Like Training" (arXiv 2503.20783): no std division, no length normalization:
+    # sum / (B * max_completion_length) (TRL loss_type="dr_grpo"; T of the batch when max_completion_length is None).
+    return LossConfig(name="dr_grpo", advantage_method="dr_grpo", beta=0.0, loss_agg="seq-mean-token-sum-norm")
+
+
+def _dapo() -> LossConfig:
+    # DAPO (arXiv 2503.14476): clip-higher 0.2 / 0.28, token-level loss, no KL. Dynamic sampling and overlong reward
+    # shaping are trainer-side (rollout filtering / reward), not part of the loss.
+    return LossConfig(
+        name="dapo", advantage_method="grpo", beta=0.0, epsilon_low=0.2, epsilon_high=0.28, loss_agg="token-mean"
+    )
+
+
+def _gspo() -> LossConfig:
+    # GSPO (arXiv 2507.18071): sequence-level geometric-mean ratio, clip 3e-4 / 4e-4, no KL.
+    return LossConfig(
+        name="gspo",
+        advantage_method="grpo",
+        beta=0.0,
+        importance_level="sequence",
+        epsilon_low=3e-4,
+        epsilon_high=4e-4,
+        loss_agg="seq-mean-token-mean",
+    )
+
+
+def _gtpo() -> LossConfig:
+    # GTPO as written in the paper (arXiv 2508.03772): GRPO advantages, conflict tokens get lambda 2 (positive) / 0
+    # (negative) on prefix and suffix runs, completions with <H>_i > ln 2 filtered, entropy regularization
+    # gamma * <H>_i (gamma = 0.1) as a differentiable loss term, no KL, no reference model.
+    return LossConfig(
+        name="gtpo",
+        advantage_method="grpo",
+        conflict_strategy="gtpo",
+        conflict_w_pos=2.0,
+        conflict_w_neg=0.0,
+        conflict_combine="product",
+        beta=0.0,
+        loss_agg="seq-mean-token-mean",
+        entropy_filter="ln2",
+        entropy_coef=-0.1,
+    )
+
+
+def _gtpo_official() -> LossConfig:
+    # The official GTPO code (github.com/winstonsmith1897/GTPO): A = r - mean (std division commented out), entropy as
+    # a detached advantage shift A - 0.1 * <H>_i applied where <H>_i <= 0.7 (else A = 0), per-completion loss divided
+    # by max(1, n_conflict_i), summed over completions, on-policy ratio, beta = 0.
+    return LossConfig(
+        name="gtpo_official",
+        advantage_method="dr_grpo",
+        conflict_strategy="gtpo",
+        conflict_w_pos=2.0,
+        conflict_w_neg=0.0,
+        conflict_combine="product",
+        conflict_count_norm=True,
+        beta=0.0,
+        loss_agg="seq-sum-token-mean",
+        entropy_filter=0.7,
+        entropy_advantage_shift=0.1,
+    )
+
+
+def _s_grpo() -> LossConfig:
+    # The seed's S-GRPO (s-grpo-reference-free.md): GRPO advantages, high-entropy completions filtered (ln 2), conflict
+    # tokens of negative completions masked and positive ones kept at 1 ("reduce gradient on conflicts";
+    # set conflict_w_pos=2.0 for GTPO's amplification), optional positive_only (off), entropy floor
+    # lambda_H * max(0, H_min - H) with H_min = 0.3 nats, lambda_H = 0.1 (project defaults), no reference model.
+    return LossConfig(
+        name="s_grpo",
+        advantage_method="grpo",
+        conflict_strategy="gtpo",
+        conflict_w_pos=1.0,
+        conflict_w_neg=0.0,
+        conflict_combine="product",
+        beta=0.0,
+        entropy_filter="ln2",
+        entropy_floor=0.3,
+        entropy_penalty_coef=0.1,
+        positive_only=False,
+    )
+
+
+def _grpo_ef() -> LossConfig:
+    # S-GRPO ablation (seed): reference-free GRPO + entropy floor only.
+    return LossConfig(name="grpo_ef", advantage_method="grpo", beta=0.0, entropy_floor=0.3, entropy_penalty_coef=0.1)
+
+
+def _grpo_tc() -> LossConfig:
+    # S-GRPO ablation (seed): reference-free GRPO + token-conflict handling only (same conflict settings as s_grpo).
+    return LossConfig(
+        name="grpo_tc",
+        advantage_method="grpo",
+        beta=0.0,
+        conflict_strategy="gtpo",
+        conflict_w_pos=1.0,
+        conflict_w_neg=0.0,
+        conflict_combine="product",
+    )
+
+
+def _lite_ppo() -> LossConfig:
+    # Lite PPO, "Tricks or Traps? A Deep Dive into RL for LLM Reasoning" (arXiv 2508.08221): group-mean / batch-std
+    # advantages and token-level loss aggregation, vanilla PPO clip 0.2, no KL.
+    return LossConfig(name="lite_ppo", advantage_method="lite_ppo", beta=0.0, loss_agg="token-mean")
+
+
+PRESETS: dict[str, Callable[[], LossConfig]] = {
+    "grpo": _grpo,
+    "dr_grpo": _dr_grpo,
+    "dapo": _dapo,
+    "gspo": _gspo,
+    "gtpo": _gtpo,
+    "gtpo_official": _gtpo_official,
+    "s_grpo": _s_grpo,
+    "grpo_ef": _grpo_ef,
+    "grpo_tc": _grpo_tc,
+    "lite_ppo": _lite_ppo,
+}
+
+
+def preset(name: str) -> LossConfig:
+    """The :class:`LossConfig` of a named algorithm: one of :data:`PRESETS` (``grpo``, ``dr_grpo``, ``dapo``, ``gspo``,
+    ``gtpo`` (paper), ``gtpo_official`` (official code), ``s_grpo``, ``grpo_ef``, ``grpo_tc``, ``lite_ppo``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"preset name must be a string, got {type(name).__name__}")
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {tuple(PRESETS)}")
+    return PRESETS[name]()
