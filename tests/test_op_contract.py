@@ -102,6 +102,8 @@ BAD_LINEAR = [
     (dict(bias=torch.randn(36)), ValueError, r"bias must have shape \(37,\)"),
     (dict(bias=torch.randn(37, dtype=torch.float64)), TypeError, "bias has dtype torch.float64"),
     (dict(hidden=torch.randn(6, 8, dtype=torch.bfloat16)), TypeError, "hidden has dtype torch.bfloat16 but weight"),
+    (dict(hidden=torch.randn(6, 8, device="meta")), ValueError, "hidden is on meta but weight is on cpu"),
+    (dict(bias=torch.randn(37, device="meta")), ValueError, "bias is on meta but weight is on cpu"),
     (dict(hidden=torch.randint(0, 3, (6, 8))), TypeError, "hidden must be a floating tensor"),
     (dict(hidden=torch.randn(6, 8).numpy()), TypeError, "hidden must be a torch.Tensor"),
     (dict(temperature=0.0), ValueError, "temperature must be a finite number > 0"),
