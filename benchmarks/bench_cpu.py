@@ -1,0 +1,185 @@
+"""CPU benchmark: the reference path (full logits) against the chunked `torch` backend at real LM-head shapes.
+
+    python benchmarks/bench_cpu.py                       # all shapes, writes benchmarks/results/cpu.{csv,md}
+    python benchmarks/bench_cpu.py --models qwen2.5-0.5b --tokens 2048 --repeats 3
+
+- peak_extra_mb: one call per provider in a fresh subprocess; the peak resident memory during the call (VmHWM, reset
+  just before it) minus the resident memory just before it (inputs already allocated), minus the size of the
+  gradients the call returns (fwd+bwd). That is "memory beyond inputs and gradients": logits, softmax, autograd
+  buffers, tiles. Subtracting the gradients is conservative for the reference path, whose peak comes in the forward,
+  before its gradients exist.
+- time: median (p20, p80) over --repeats timed calls after --warmup untimed ones; both providers run in one
+  subprocess, alternating call by call, so changes in machine load hit both alike.
+fwd = forward with grad enabled (what training does before backward); fwd+bwd = forward + backward through both
+outputs (random upstream gradients on logp and entropy). fp32, all cores.
+A number is reported only after the provider's outputs were checked against the other provider at the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODELS = {"smollm2-135m": (576, 49152), "qwen2.5-0.5b": (896, 151936)}
+PROVIDERS = ("reference", "torch")
+MODES = ("fwd", "fwd+bwd")
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak() -> None:
+    """Reset the kernel's resident-memory high-water mark (VmHWM) so setup allocations do not count."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _peak_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("VmHWM not found in /proc/self/status")
+
+
+def _setup(D: int, V: int, N: int):
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(N, D, generator=g).div_(D**0.5).requires_grad_(True)
+    weight = torch.randn(V, D, generator=g).mul_(0.16).requires_grad_(True)
+    targets = torch.randint(0, V, (N,), generator=g)
+    g_logp, g_ent = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    return hidden, weight, targets, g_logp, g_ent
+
+
+def _make_call(provider: str, mode: str, hidden, weight, targets, g_logp, g_ent):
+    import torch
+
+    import sgrpo_kernels as sk
+    from sgrpo_kernels import reference as ref
+
+    fn = ref.linear_logprobs if provider == "reference" else sk.linear_logprobs
+
+    def call():
+        hidden.grad = None
+        weight.grad = None
+        logp, ent = fn(hidden, weight, targets)
+        if mode == "fwd+bwd":
+            torch.autograd.backward((logp, ent), (g_logp, g_ent))
+            return logp.detach(), ent.detach(), hidden.grad, weight.grad
+        return logp.detach(), ent.detach()
+
+    return call
+
+
+def _worker_mem(provider: str, D: int, V: int, N: int, mode: str) -> dict:
+    """One call in a fresh process: its memory peak and a checksum of its outputs."""
+    import torch
+
+    inputs = _setup(D, V, N)
+    call = _make_call(provider, mode, *inputs)
+    grad_bytes = (N * D + V * D) * 4 if mode == "fwd+bwd" else 0
+    _reset_peak()
+    base = _rss_bytes()
+    out = call()
+    peak = _peak_bytes()
+    check = {"logp_sum": float(out[0].double().sum()), "ent_sum": float(out[1].double().sum())}
+    if mode == "fwd+bwd":
+        check["gh_norm"] = float(out[2].double().norm())
+        check["gw_norm"] = float(out[3].double().norm())
+    return {"peak_extra_mb": max(0, peak - base - grad_bytes) / 2**20, "check": check,
+            "threads": torch.get_num_threads()}
+
+
+def _worker_time(D: int, V: int, N: int, mode: str, repeats: int, warmup: int) -> dict:
+    """Both providers in one process, alternating call by call, so a change in machine load hits both alike."""
+    import time
+
+    inputs = _setup(D, V, N)
+    calls = {p: _make_call(p, mode, *inputs) for p in PROVIDERS}
+    times: dict[str, list[float]] = {p: [] for p in PROVIDERS}
+    for i in range(warmup + repeats):
+        for p, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            dt = (time.perf_counter() - t0) * 1e3
+            if i >= warmup:
+                times[p].append(dt)
+    return times
+
+
+def _spawn(*args) -> dict:
+    cmd = [sys.executable, __file__, "--_worker", json.dumps(list(args))]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _agree(a: dict, b: dict) -> bool:
+    return all(abs(a[k] - b[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, versions, write_csv
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--tokens", nargs="+", type=int, default=[256, 1024, 2048])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", default=str(RESULTS / "cpu"), help="output path stem (.csv and .md are written)")
+    args = p.parse_args(argv)
+
+    rows = []
+    configs = [(m, n, mode) for m in args.models for n in args.tokens for mode in args.modes]
+    for i, (model, N, mode) in enumerate(configs, 1):
+        D, V = MODELS[model]
+        print(f"[{i}/{len(configs)}] {model} N={N} {mode}: memory ...", end=" ", flush=True)
+        mem = {p: _spawn("mem", p, D, V, N, mode) for p in PROVIDERS}
+        if not _agree(mem["torch"]["check"], mem["reference"]["check"]):
+            raise SystemExit(f"outputs disagree at {model} N={N} {mode}: {mem['torch']['check']} vs "
+                             f"{mem['reference']['check']}")
+        print("time ...", end=" ", flush=True)
+        times = _spawn("time", D, V, N, mode, args.repeats, args.warmup)
+        stats = {p: quantiles(times[p]) for p in PROVIDERS}
+        print(", ".join(f"{p} {stats[p][0]:.0f} ms / {mem[p]['peak_extra_mb']:.0f} MB" for p in PROVIDERS), flush=True)
+        for p in PROVIDERS:
+            med, p20, p80 = stats[p]
+            rows.append({
+                "device": cpu_name(), "threads": mem[p]["threads"], "provider": p, "model": model, "mode": mode,
+                "N": N, "D": D, "V": V, "dtype": "fp32", "ms_median": round(med, 1), "ms_p20": round(p20, 1),
+                "ms_p80": round(p80, 1), "peak_extra_mb": round(mem[p]["peak_extra_mb"], 1),
+                "time_vs_ref": round(med / stats["reference"][0], 3),
+                "mem_vs_ref": round(mem[p]["peak_extra_mb"] / max(mem["reference"]["peak_extra_mb"], 1e-9), 4),
+                "versions": versions(), "git_sha": git_sha(),
+            })
+
+    out = Path(args.out)
+    write_csv(out.with_suffix(".csv"), rows)
+    cols = ["model", "N", "mode", "provider", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_ref",
+            "mem_vs_ref"]
+    header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
+              f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
+              f"Command: python benchmarks/bench_cpu.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")
+    out.with_suffix(".md").write_text(header + markdown_table(rows, cols) + "\n")
+    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--_worker":
+        kind, *rest = json.loads(sys.argv[2])
+        print(json.dumps(_worker_mem(*rest) if kind == "mem" else _worker_time(*rest)))
+    else:
+        raise SystemExit(main())
