@@ -21,7 +21,9 @@ def _check_tensor(name: str, x: object) -> torch.Tensor:
 
 def _check_float(name: str, x: torch.Tensor) -> None:
     if x.dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating tensor (float32, bfloat16, float16 or float64), got dtype {x.dtype}")
+        raise TypeError(
+            f"{name} must be a floating tensor (float32, bfloat16, float16 or float64), got dtype {x.dtype}"
+        )
 
 
 def check_temperature(temperature: object) -> float:
@@ -68,7 +70,8 @@ def check_linear_inputs(
         raise ValueError("weight has V = 0 rows: the vocabulary must not be empty")
     if hidden.shape[-1] != D:
         raise ValueError(
-            f"hidden has last dim {hidden.shape[-1]} (shape {_shape(hidden)}), expected D = {D} from weight {_shape(weight)}"
+            f"hidden has last dim {hidden.shape[-1]} (shape {_shape(hidden)}), "
+            f"expected D = {D} from weight {_shape(weight)}"
         )
     if hidden.dtype != weight.dtype:
         raise TypeError(f"hidden has dtype {hidden.dtype} but weight has dtype {weight.dtype}; they must match")
@@ -87,7 +90,9 @@ def check_linear_inputs(
     return check_temperature(temperature), check_ignore_index(ignore_index)
 
 
-def check_logits_inputs(logits: object, targets: object, temperature: object, ignore_index: object) -> tuple[float, int]:
+def check_logits_inputs(
+    logits: object, targets: object, temperature: object, ignore_index: object
+) -> tuple[float, int]:
     logits = _check_tensor("logits", logits)
     _check_float("logits", logits)
     if logits.dim() < 1:
