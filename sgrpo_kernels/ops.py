@@ -22,10 +22,12 @@ ENV_DETERMINISTIC = "SGRPO_DETERMINISTIC"
 ENV_CHECK_TARGETS = "SGRPO_CHECK_TARGETS"
 
 
-def _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic, inplace=False):
+def _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic, inplace=False,
+             need_grad_hidden=True, need_grad_weight=True):
     return Options(
         temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, need_lse=need_lse,
         memory_budget=memory_budget, deterministic=deterministic, inplace_backward=inplace,
+        need_grad_hidden=need_grad_hidden, need_grad_weight=need_grad_weight,
     )
 
 
@@ -71,21 +73,27 @@ def _(hidden, weight, targets, bias, temperature, ignore_index, return_entropy, 
 def linear_logprobs_bwd(
     grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor, targets: Tensor,
     bias: Tensor | None, lse: Tensor, entropy: Tensor | None, temperature: float, ignore_index: int,
-    return_entropy: bool, backend: str, memory_budget: int, deterministic: bool,
+    return_entropy: bool, backend: str, memory_budget: int, deterministic: bool, need_grad_hidden: bool,
+    need_grad_weight: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,) (or (0,) without bias)."""
-    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, deterministic)
-    gh, gw, gb = backends.get(backend).linear_logprobs_bwd(
+    """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,); a gradient that is not needed (no bias, or
+    need_grad_* False) comes back as an empty (0,) tensor."""
+    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, deterministic,
+                    need_grad_hidden=need_grad_hidden, need_grad_weight=need_grad_weight)
+    grads = backends.get(backend).linear_logprobs_bwd(
         grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts
     )
-    return gh, gw, (gb if gb is not None else hidden.new_empty((0,)))
+    wanted = (need_grad_hidden, need_grad_weight, need_grad_weight and bias is not None)
+    return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
 
 
 @linear_logprobs_bwd.register_fake
 def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, temperature, ignore_index,
-      return_entropy, backend, memory_budget, deterministic):
-    gb = torch.empty_like(bias) if bias is not None else hidden.new_empty((0,))
-    return torch.empty_like(hidden), torch.empty_like(weight), gb
+      return_entropy, backend, memory_budget, deterministic, need_grad_hidden, need_grad_weight):
+    def like(t, wanted):
+        return torch.empty_like(t) if (wanted and t is not None) else hidden.new_empty((0,))
+
+    return like(hidden, need_grad_hidden), like(weight, need_grad_weight), like(bias, need_grad_weight)
 
 
 def _linear_setup_context(ctx, inputs, output):
@@ -103,12 +111,15 @@ def _linear_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     if lse.numel() != hidden.shape[0]:
         raise RuntimeError("linear_logprobs: backward called on a forward that saved no statistics (need_lse=False)")
     g_ent = grad_entropy if (return_entropy and grad_entropy is not None) else None
+    need_h = ctx.needs_input_grad[0]
+    need_w = ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[3])
     gh, gw, gb = linear_logprobs_bwd(
         grad_logp.float(), g_ent.float() if g_ent is not None else None, hidden, weight, targets, bias, lse,
         entropy if return_entropy else None, temperature, ignore_index, return_entropy, backend, memory_budget,
-        deterministic,
+        deterministic, need_h, need_w,
     )
-    return gh, gw, None, (gb if ctx.has_bias else None), None, None, None, None, None, None, None
+    return (gh if need_h else None, gw if ctx.needs_input_grad[1] else None, None,
+            gb if (ctx.has_bias and ctx.needs_input_grad[3]) else None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd(

@@ -39,7 +39,8 @@ def test_opcheck_linear(dev_backend, bias, return_entropy):
                                                         for a in args])
     bwd_args = (gl, ge if return_entropy else None, h.detach(), w.detach(), t, b.detach() if b is not None else None,
                 lse, ent if return_entropy else None, 0.7, -100, return_entropy, backend, 0, False)
-    torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_bwd.default, bwd_args)
+    for need_h, need_w in [(True, True), (True, False), (False, True)]:
+        torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_bwd.default, (*bwd_args, need_h, need_w))
 
 
 @pytest.mark.parametrize("return_entropy", [True, False])
@@ -76,6 +77,27 @@ def test_torch_compile_fullgraph(dev_backend):
     torch.testing.assert_close(loss, loss_e)
     for a, e in zip(grads, grads_e):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden", "bias"])
+def test_frozen_inputs_get_no_gradient_and_others_stay_exact(dev_backend, frozen):
+    """A frozen input (e.g. the LM head under LoRA) gets no gradient; the others match the reference."""
+    device, backend = dev_backend
+    h, w, t, b = (x.detach().to(device) for x in _inputs(N=9, V=53))
+    leaves = {"hidden": h.clone(), "weight": w.clone(), "bias": b.clone()}
+    for k, v in leaves.items():
+        v.requires_grad_(k != frozen)
+    lp, ent = sk.linear_logprobs(leaves["hidden"], leaves["weight"], t, bias=leaves["bias"], backend=backend)
+    (lp.sum() - 0.3 * ent.sum()).backward()
+    ref_leaves = {k: v.double().requires_grad_(True) for k, v in (("hidden", h), ("weight", w), ("bias", b))}
+    lr, er = ref.linear_logprobs(ref_leaves["hidden"], ref_leaves["weight"], t, bias=ref_leaves["bias"],
+                                 out_dtype=None)
+    (lr.sum() - 0.3 * er.sum()).backward()
+    for k, v in leaves.items():
+        if k == frozen:
+            assert v.grad is None
+        else:
+            torch.testing.assert_close(v.grad.double(), ref_leaves[k].grad, atol=5e-5, rtol=5e-5)
 
 
 # ------------------------------------------------------------------------------------------------- bad inputs

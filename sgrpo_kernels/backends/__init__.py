@@ -10,6 +10,8 @@ linear_logprobs_fwd(hidden (N, D), weight (V, D), targets (N,) int64, bias (V,) 
 linear_logprobs_bwd(grad_logp (N,) fp32, grad_entropy (N,) fp32 | None, hidden, weight, targets, bias,
                     lse (N,) fp32, entropy (N,) fp32 | None, opts: Options)
     -> (grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) bias.dtype | None)
+       (grad_hidden may be None when not opts.need_grad_hidden; grad_weight and grad_bias when not
+       opts.need_grad_weight)
 logprobs_from_logits_fwd(logits (N, V), targets (N,), opts) -> (logp, entropy | empty, lse | empty)
 logprobs_from_logits_bwd(grad_logp, grad_entropy | None, logits, targets, lse, entropy | None, opts)
     -> grad_logits (N, V) logits.dtype; when opts.inplace_backward, the gradient is written into `logits` itself and
@@ -57,6 +59,8 @@ class Options:
     memory_budget: int = 0  # bytes for temporaries; 0 = backend default
     deterministic: bool = False  # bitwise reproducible gradients (fast backends may be slower)
     inplace_backward: bool = False  # logprobs_from_logits: write grad_logits into the logits buffer
+    need_grad_hidden: bool = True  # linear_logprobs_bwd may return None for a gradient that is not needed
+    need_grad_weight: bool = True  # (grad_weight and grad_bias); e.g. a frozen LM head under LoRA
 
 
 class BackendUnavailableError(RuntimeError):

@@ -196,15 +196,16 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     ge = ge.to(cdt) if ge is not None else None
     na = h.shape[0]
 
-    grad_h = torch.zeros(na, d, device=h.device, dtype=cdt)
-    grad_w = torch.empty_like(weight)
-    grad_b = torch.empty_like(bias) if bias is not None else None
+    need_h, need_w = opts.need_grad_hidden, opts.need_grad_weight
+    grad_h = torch.zeros(na, d, device=h.device, dtype=cdt) if need_h else None
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = torch.empty_like(bias) if (bias is not None and need_w) else None
     rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
     for v0, v1 in _spans(vocab, v_chunk):
         w = weight[v0:v1].to(cdt)
         b = bias[v0:v1].to(cdt) if bias is not None else None
-        gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt)
-        gb = torch.zeros(v1 - v0, device=h.device, dtype=cdt) if bias is not None else None
+        gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt) if need_w else None
+        gb = torch.zeros(v1 - v0, device=h.device, dtype=cdt) if grad_b is not None else None
         for r0, r1 in _spans(na, rows_per_tile):
             z = h[r0:r1] @ w.T
             if b is not None:
@@ -216,14 +217,17 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
                 z, t[sl], v0, ls[sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
             )
-            grad_h[sl].addmm_(dz, w)
-            gw.addmm_(dz.T, h[sl])
+            if need_h:
+                grad_h[sl].addmm_(dz, w)
+            if need_w:
+                gw.addmm_(dz.T, h[sl])
             if gb is not None:
                 gb.add_(dz.sum(dim=0))
-        grad_w[v0:v1] = gw
+        if need_w:
+            grad_w[v0:v1] = gw
         if grad_b is not None:
             grad_b[v0:v1] = gb
-    grad_hidden = _scatter_rows(grad_h, idx, n).to(hidden.dtype)
+    grad_hidden = _scatter_rows(grad_h, idx, n).to(hidden.dtype) if need_h else None
     return grad_hidden, grad_w, grad_b
 
 
