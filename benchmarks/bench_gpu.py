@@ -1,0 +1,359 @@
+"""CUDA benchmark of the fused LM-head log-prob + entropy op against the reference path and peers.
+
+    python benchmarks/bench_gpu.py                              # both shapes, all modes, every importable provider
+    python benchmarks/bench_gpu.py --shapes 8192x4096x131072 --providers triton,reference --repeats 20
+
+Providers: `reference` (sgrpo_kernels.reference: full bf16 logits + autograd, the baseline), `torch` (chunked backend),
+`triton` (this package's kernels), and when importable: `liger_flce` (Liger-Kernel fused linear cross entropy,
+reduction="none": log-prob only, no entropy), `liger_scaled_ce` (Liger's scaled CE with entropy, Hopper only),
+`cce` (Apple cut-cross-entropy, reduction="none": log-prob only). Peers compute less (no entropy) and are listed
+for orientation.
+
+Modes (the `mode` column): `fwd` = forward-only, no-grad call (old-policy / reference log-probs), tflops = 2MDV/t;
+`fwd+bwd` = forward + backward through logp and entropy with random upstream gradients, tflops = 8MDV/t; the
+`zero_grad_frac` column gives the fraction of rows whose two upstream gradients are exactly zero (0.5 = half the
+rows masked); its tflops still count 8MDV, so skipping those rows shows as higher effective throughput.
+
+peak_mem_gb: peak allocated CUDA memory during one call minus what was allocated just before it (inputs and upstream
+gradients), i.e. everything the call allocates, the gradients it returns included; the markdown notes give the size
+of those gradients so "memory beyond inputs and gradients" can be read off.
+Time: median (p20, p80) of CUDA-event timings over --repeats calls after --warmup calls.
+A row is written only when the provider's logp (and, fwd+bwd, grad_hidden) on a sample of rows is within the error
+of the same-dtype naive computation of float64 (CONVENTIONS.md); otherwise the provider is reported as failing.
+Also measures the bf16 matmul rate of the GPU (8192^3 torch.matmul) as a `cublas_matmul` row.
+
+Writes benchmarks/results/gpu.csv, gpu.md and gpu.png (or --out PREFIX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from common import RESULTS, git_sha, markdown_table, quantiles, versions, write_csv  # noqa: E402
+
+COLUMNS = ["device", "provider", "mode", "M", "D", "V", "dtype", "zero_grad_frac", "ms_median", "ms_p20", "ms_p80",
+           "tflops", "peak_mem_gb", "versions", "git_sha"]
+SHAPES = ["8192x4096x131072", "8192x2304x256000"]  # M x D x V: a published peer shape; a Gemma-2-like one
+MODES = [("fwd", 0.0), ("fwd+bwd", 0.0), ("fwd+bwd", 0.5)]
+PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce"]
+IGNORE = -100
+
+
+# ------------------------------------------------------------------------------------------------- providers
+
+
+def _peer(provider: str):
+    """The peer's callable (hidden, weight, targets) -> (logp, entropy | None), or raise ImportError with the reason."""
+    if provider == "liger_flce":
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def fn(h, w, t):
+            out = liger_fused_linear_cross_entropy(h, w, t, ignore_index=IGNORE, reduction="none")
+            loss = out[0] if isinstance(out, tuple) else out  # some versions return (loss, z_loss)
+            return -loss.float(), None
+
+        return fn
+    if provider == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        def fn(h, w, t):
+            return -linear_cross_entropy(h, w, t, ignore_index=IGNORE, reduction="none").float(), None
+
+        return fn
+    if provider == "liger_scaled_ce":
+        # Unverified API (no GPU or Liger install where this was written): the functional whose name contains
+        # "scaled_cross_entropy", asked for per-token NLL and entropy. A mismatch is reported in the notes, not fatal.
+        import liger_kernel.transformers.functional as lf
+
+        names = [n for n in dir(lf) if "scaled_cross_entropy" in n and "linear" in n]
+        if not names:
+            raise ImportError("liger_kernel.transformers.functional has no fused linear scaled cross entropy")
+        f = getattr(lf, names[0])
+
+        def fn(h, w, t):
+            out = f(h, w, t, ignore_index=IGNORE, reduction="none", return_entropy=True)
+            nll, ent = (out[0], out[1]) if isinstance(out, tuple) else (out, None)
+            return -nll.float(), (ent.float() if ent is not None else None)
+
+        return fn
+    raise ValueError(provider)
+
+
+def _provider_fn(provider: str):
+    import sgrpo_kernels as sk
+    from sgrpo_kernels import reference as ref
+
+    if provider == "reference":
+        return lambda h, w, t: ref.linear_logprobs(h, w, t, ignore_index=IGNORE)
+    if provider in ("torch", "triton"):
+        return lambda h, w, t: sk.linear_logprobs(h, w, t, ignore_index=IGNORE, backend=provider)
+    return _peer(provider)
+
+
+# ------------------------------------------------------------------------------------------------- measurement
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn, repeats: int, warmup: int) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+        return times
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _setup(M: int, D: int, V: int, dtype: torch.dtype, device: torch.device, zero_frac: float, seed: int = 0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = (torch.randn(M, D, generator=g) * 2.0).to(device, dtype)  # |h| ~ sqrt(D): LM-head-like logits
+    weight = (torch.randn(V, D, generator=g) * (2.0 / D)).to(device, dtype)
+    targets = torch.randint(0, V, (M,), generator=g).to(device)
+    g_logp = torch.randn(M, generator=g)
+    g_ent = torch.randn(M, generator=g)
+    if zero_frac > 0:
+        dead = torch.randperm(M, generator=g)[: int(round(zero_frac * M))]
+        g_logp[dead] = 0
+        g_ent[dead] = 0
+    return hidden, weight, targets, g_logp.to(device), g_ent.to(device)
+
+
+def _make_call(fn, mode: str, hidden, weight, targets, g_logp, g_ent):
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                return fn(hidden, weight, targets)
+        return call
+    h = hidden.detach().requires_grad_(True)
+    w = weight.detach().requires_grad_(True)
+
+    def call():
+        h.grad = None
+        w.grad = None
+        logp, ent = fn(h, w, targets)
+        loss = (logp * g_logp).sum()
+        if ent is not None:
+            loss = loss + (ent * g_ent).sum()
+        loss.backward()
+        return logp, ent, h.grad
+
+    return call
+
+
+def _check(fn, mode, hidden, weight, targets, g_logp, g_ent, n_sample: int = 128) -> tuple[bool, str]:
+    """logp (and grad_hidden for fwd+bwd) on sampled rows within 2x the naive same-dtype error of float64 + tol."""
+    from sgrpo_kernels import reference as ref
+
+    out = _make_call(fn, mode, hidden, weight, targets, g_logp, g_ent)()
+    logp = out[0]
+    rows = torch.randperm(hidden.shape[0], device="cpu")[:n_sample].to(hidden.device)
+    he = hidden[rows].double().requires_grad_(True)
+    lp_e, en_e = ref.linear_logprobs(he, weight.double(), targets[rows], ignore_index=IGNORE, out_dtype=None)
+    hn = hidden[rows].detach().requires_grad_(True)
+    lp_n, en_n = ref.linear_logprobs(hn, weight, targets[rows], ignore_index=IGNORE)
+    pairs = [(logp[rows], lp_n, lp_e.detach())]
+    if mode != "fwd":
+        has_ent = out[1] is not None
+        loss_e = (lp_e * g_logp[rows].double()).sum() + ((en_e * g_ent[rows].double()).sum() if has_ent else 0)
+        loss_n = (lp_n * g_logp[rows]).sum() + ((en_n * g_ent[rows]).sum() if has_ent else 0)
+        (gh_e,) = torch.autograd.grad(loss_e, he)
+        (gh_n,) = torch.autograd.grad(loss_n, hn)
+        pairs.append((out[2][rows], gh_n, gh_e))
+    for got, naive, exact in pairs:
+        err = (got.double() - exact).abs().max().item()
+        err_naive = (naive.double() - exact).abs().max().item()
+        bound = 2 * err_naive + 1e-2 * max(1.0, exact.abs().max().item())
+        if not math.isfinite(err) or err > bound:
+            return False, f"error {err:.3g} > bound {bound:.3g}"
+    return True, ""
+
+
+def _peak_extra_gb(call, device: torch.device) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = call()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return (peak - before) / 2**30
+
+
+def matmul_rate(device: torch.device, n: int, repeats: int, timer: _Timer) -> tuple[float, list[float]]:
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    times = timer(lambda: a @ b, repeats, 3)
+    return 2 * n**3 / (quantiles(times)[0] * 1e-3) / 1e12, times
+
+
+# ------------------------------------------------------------------------------------------------------ output
+
+
+def _plot(rows: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    def key(r):
+        return r["M"], r["D"], r["V"], r["mode"], r["zero_grad_frac"]
+
+    groups = sorted({key(r) for r in rows if r["provider"] != "cublas_matmul"})
+    providers = [p for p in PROVIDERS if any(r["provider"] == p for r in rows)]
+    if not groups or not providers:
+        return False
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 4.5))
+    width = 0.8 / len(providers)
+    for i, p in enumerate(providers):
+        vals = []
+        for gk in groups:
+            match = [r for r in rows if r["provider"] == p and key(r) == gk]
+            vals.append(match[0]["tflops"] if match else 0.0)
+        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=p)
+    mm = [r for r in rows if r["provider"] == "cublas_matmul"]
+    if mm:
+        ax.axhline(mm[0]["tflops"], color="k", ls="--", lw=1, label="bf16 matmul 8192^3")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{m}x{d}x{v}\n{mode} zero={z}" for m, d, v, mode, z in groups], fontsize=8)
+    ax.set_ylabel("effective TFLOP/s")
+    ax.set_title(f"fused LM head log-prob + entropy, {rows[0]['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated MxDxV")
+    ap.add_argument("--providers", default=",".join(PROVIDERS))
+    ap.add_argument("--modes", default="fwd,fwd+bwd,fwd+bwd@0.5", help="fwd, fwd+bwd, fwd+bwd@FRAC (zero-grad rows)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", default=str(RESULTS / "gpu"), help="output prefix (.csv, .md, .png are appended)")
+    ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu" + TRITON_INTERPRET=1: smoke test
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("bench_gpu.py: no CUDA device here, nothing measured (benchmarks/bench_cpu.py covers CPUs).",
+              file=sys.stderr)
+        return 2
+    dtype = getattr(torch, args.dtype)
+    shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes.split(",") if s]
+    modes = []
+    for m in args.modes.split(","):
+        name, _, frac = m.partition("@")
+        modes.append((name, float(frac) if frac else 0.0))
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter smoke test)"
+    vers, sha = versions(), git_sha()
+    timer = _Timer(device)
+    rows: list[dict] = []
+    notes: list[str] = []
+
+    def row(provider, mode, M, D, V, zero, times, flops, peak):
+        med, p20, p80 = quantiles(times)
+        rows.append(dict(device=dev_name, provider=provider, mode=mode, M=M, D=D, V=V, dtype=args.dtype,
+                         zero_grad_frac=zero, ms_median=round(med, 3), ms_p20=round(p20, 3), ms_p80=round(p80, 3),
+                         tflops=round(flops / (med * 1e-3) / 1e12, 1), peak_mem_gb=round(peak, 3), versions=vers,
+                         git_sha=sha))
+        print(" | ".join(str(rows[-1][c]) for c in COLUMNS[1:13]), flush=True)
+
+    if device.type == "cuda":
+        n = 8192
+        rate, times = matmul_rate(device, n, args.repeats, timer)
+        row("cublas_matmul", "matmul", n, n, n, 0.0, times, 2 * n**3, 0.0)
+        notes.append(f"bf16 matmul 8192^3 (torch.matmul): {rate:.0f} TFLOP/s")
+
+    fns = {}
+    for p in [p.strip() for p in args.providers.split(",") if p.strip()]:
+        try:
+            fns[p] = _provider_fn(p)
+        except Exception as exc:  # a peer that is not installed, or an API that changed
+            notes.append(f"{p}: skipped ({type(exc).__name__}: {exc})")
+            print(f"{p}: skipped ({exc})", file=sys.stderr)
+
+    for M, D, V in shapes:
+        for mode, zero in modes:
+            try:
+                data = _setup(M, D, V, dtype, device, zero)
+            except torch.OutOfMemoryError:
+                notes.append(f"{M}x{D}x{V}: inputs do not fit")
+                continue
+            grads_gb = (data[0].numel() + data[1].numel()) * data[0].element_size() / 2**30
+            if mode != "fwd":
+                notes.append(f"{M}x{D}x{V} {mode}: gradients (hidden + weight) take {grads_gb:.2f} GB of peak_mem_gb")
+            for p, fn in fns.items():
+                try:
+                    ok, why = _check(fn, mode, *data)
+                    if not ok:
+                        notes.append(f"{p} {M}x{D}x{V} {mode} zero={zero}: NOT REPORTED, failed the check: {why}")
+                        print(notes[-1], file=sys.stderr)
+                        continue
+                    call = _make_call(fn, mode, *data)
+                    peak = _peak_extra_gb(call, device)
+                    times = timer(call, args.repeats, args.warmup)
+                except torch.OutOfMemoryError:
+                    notes.append(f"{p} {M}x{D}x{V} {mode} zero={zero}: out of memory")
+                    print(notes[-1], file=sys.stderr)
+                    torch.cuda.empty_cache()
+                    continue
+                except Exception as exc:  # a peer failing at this shape must not stop the others
+                    notes.append(f"{p} {M}x{D}x{V} {mode} zero={zero}: failed ({type(exc).__name__}: {exc})")
+                    print(notes[-1], file=sys.stderr)
+                    continue
+                flops = (2 if mode == "fwd" else 8) * M * D * V
+                row(p, mode, M, D, V, zero, times, flops, peak)
+            del data
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    if not rows:
+        print("nothing measured", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    write_csv(out.with_suffix(".csv"), [{c: r[c] for c in COLUMNS} for r in rows])
+    md = [f"# GPU benchmark: {dev_name}", "", f"{vers}; git {sha}", "",
+          markdown_table(rows, [c for c in COLUMNS if c not in ("device", "versions", "git_sha")]), ""]
+    md += [f"- {n}" for n in notes]
+    plotted = _plot(rows, out.with_suffix(".png"))
+    if plotted:
+        md += ["", f"![throughput]({out.with_suffix('.png').name})"]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(f"wrote {out.with_suffix('.csv')}, {out.with_suffix('.md')}" + (", plot" if plotted else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
