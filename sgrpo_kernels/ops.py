@@ -297,6 +297,11 @@ def logprobs_from_logits(
         backend, memory_budget: as in `linear_logprobs`.
     """
     temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
+    if inplace_backward and logits.is_leaf and logits.requires_grad:
+        raise ValueError(
+            "inplace_backward=True would overwrite logits, a leaf tensor that requires grad, with its own gradient; "
+            "pass a non-leaf buffer (e.g. the output of the LM-head matmul) or use inplace_backward=False"
+        )
     name = backends.resolve(backend, logits.device)
     lead = targets.shape
     needs_grad = torch.is_grad_enabled() and logits.requires_grad

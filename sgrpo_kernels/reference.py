@@ -32,7 +32,10 @@ def logprobs_from_logits(
     logp = torch.where(valid, logp, torch.zeros_like(logp))
     entropy = None
     if return_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        p = logp_all.exp()
+        # p log p -> 0 where p = 0 (-inf logits); the inner where keeps the backward free of 0 * inf
+        safe_logp = torch.where(p > 0, logp_all, torch.zeros_like(logp_all))
+        entropy = -(p * safe_logp).sum(-1)
         entropy = torch.where(valid, entropy, torch.zeros_like(entropy))
     if out_dtype is not None:
         logp = logp.to(out_dtype)

@@ -224,6 +224,7 @@ class _RecordShapes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.max_numel = 0
+        self.fp32_max_numel = 0
         self.matmuls: list[tuple[int, ...]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -231,9 +232,11 @@ class _RecordShapes(TorchDispatchMode):
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
                 self.max_numel = max(self.max_numel, o.numel())
-        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
-            a, b = (args[-2], args[-1])
-            self.matmuls.append((a.shape[0], a.shape[1], b.shape[1]))
+                if o.dtype == torch.float32:
+                    self.fp32_max_numel = max(self.fp32_max_numel, o.numel())
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            a, b = (args[1], args[2]) if "addmm" in str(func.overloadpacket) else (args[0], args[1])
+            self.matmuls.append((a.shape[0], a.shape[1], b.shape[1]))  # (M, K, N)
         return out
 
 
@@ -264,7 +267,9 @@ def test_torch_backend_drops_zero_gradient_rows_before_matmuls():
         gh, gw, gb = tc.linear_logprobs_bwd(g_logp, g_ent, h, w, t, b, lse, ent, opts)
     active = int((~dead & (t != -100)).sum())
     assert active == 9
-    assert rec.matmuls and all(active in (m, n) for m, _, n in rec.matmuls), rec.matmuls
+    # the recompute (M = rows), grad_hidden (M = rows) and grad_weight (K = rows) products all see 9 rows, not 40
+    kinds = {(m == active, k == active) for m, k, _ in rec.matmuls}
+    assert len(rec.matmuls) == 3 and kinds == {(True, False), (False, True)}, rec.matmuls
     # ... and the result equals the dense computation
     dense = tc.linear_logprobs_bwd(torch.where(dead, 1e-30, g_logp), torch.where(dead, 0.0, g_ent), h, w, t, b, lse,
                                    ent, opts)
@@ -272,10 +277,76 @@ def test_torch_backend_drops_zero_gradient_rows_before_matmuls():
         torch.testing.assert_close(a, e)
 
 
-def test_chunk_sizes_respect_budget():
-    for n, v, budget in [(1, 151936, 0), (2048, 151936, 0), (8192, 49152, 2**20), (10**6, 151936, 0), (3, 7, 1)]:
-        rows, vc = tc.chunk_sizes(n, v, budget)
+@pytest.mark.parametrize("col_bytes", [0, 2 * 896 * 4])
+def test_chunk_sizes_respect_budget(col_bytes):
+    for n, v, budget in [(1, 151936, 0), (2048, 151936, 0), (8192, 49152, 2**20), (10**6, 151936, 0), (3, 7, 1),
+                         (8, 49152, 0)]:
+        rows, vc = tc.chunk_sizes(n, v, budget, 4, col_bytes)
         assert 1 <= rows <= max(n, 1) and 1 <= vc <= v
         effective = budget or tc.DEFAULT_MEMORY_BUDGET
-        if vc > 256:  # above the minimum chunk the tile fits the budget
-            assert rows * vc * 4 * tc._TILE_TEMPS <= effective
+        if vc > 256:  # above the minimum chunk the tile and the per-column copies fit the budget
+            assert rows * vc * 4 * tc._TILE_TEMPS + vc * col_bytes <= effective
+
+
+def test_small_n_bf16_does_not_copy_the_whole_weight():
+    """At small N, weight-sized temporaries (fp32 weight copies, fp32 grad accumulators) still respect the budget."""
+    N, D, V = 8, 64, 8192
+    h, w, t, b = _inputs(N=N, D=D, V=V, dtype=torch.bfloat16, requires_grad=False)
+    opts = Options(memory_budget=256 * 1024)
+    with _RecordShapes() as rec:
+        logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
+        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, lse, ent, opts)
+    # the only weight-sized tensor is the bf16 gradient itself; fp32 temporaries are chunk-sized
+    assert rec.max_numel <= V * D
+    assert rec.fp32_max_numel * 4 <= 256 * 1024, rec.fp32_max_numel
+
+
+@pytest.mark.parametrize("where", ["scattered", "whole_chunk"])
+def test_neg_inf_logits(dev_backend, where):
+    """-inf logits (masked vocabulary, -inf bias) get p = 0: finite logp, entropy and gradients, as in float64."""
+    device, backend = dev_backend
+    N, V = 5, 600
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(N, V, generator=g, dtype=torch.float64) * 3
+    if where == "scattered":
+        logits[torch.rand(N, V, generator=g) < 0.3] = float("-inf")
+    else:
+        logits[:, :300] = float("-inf")  # the whole first vocab chunk of a small budget
+    t = torch.randint(0, V, (N,), generator=g)
+    t = torch.where(torch.isinf(logits.gather(1, t[:, None]).squeeze(1)), logits.argmax(1), t)  # finite targets
+    gl, ge = torch.randn(N, generator=g), torch.randn(N, generator=g)
+    z = logits.float().to(device).requires_grad_(True)
+    lp, ent = sk.logprobs_from_logits(z * 1, t.to(device), backend=backend, memory_budget=1)
+    (lp * gl.to(device)).sum().add((ent * ge.to(device)).sum()).backward()
+    zr = logits.clone().requires_grad_(True)
+    lr, er = ref.logprobs_from_logits(zr, t, out_dtype=None)
+    ((lr * gl.double()).sum() + (er * ge.double()).sum()).backward()
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and torch.isfinite(z.grad).all()
+    assert torch.isfinite(zr.grad).all()
+    torch.testing.assert_close(lp.double().cpu(), lr, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ent.double().cpu(), er, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(z.grad.double().cpu(), zr.grad, atol=5e-5, rtol=5e-5)
+    # the same through the linear op, with the -inf coming from the bias
+    D = 8
+    h = torch.randn(N, D, generator=g, dtype=torch.float64)
+    w = torch.randn(V, D, generator=g, dtype=torch.float64)
+    bias = torch.where(torch.isinf(logits[0]), logits[0], torch.zeros(V, dtype=torch.float64))
+    t2 = torch.full((N,), int(torch.isfinite(bias).nonzero()[0]))
+    leaves = [x.float().to(device).requires_grad_(True) for x in (h, w)]
+    lp2, ent2 = sk.linear_logprobs(*leaves, t2.to(device), bias=bias.float().to(device), backend=backend,
+                                   memory_budget=1)
+    (lp2.sum() + ent2.sum()).backward()
+    ref_leaves = [x.clone().requires_grad_(True) for x in (h, w)]
+    lr2, er2 = ref.linear_logprobs(*ref_leaves, t2, bias=bias, out_dtype=None)
+    (lr2.sum() + er2.sum()).backward()
+    torch.testing.assert_close(lp2.double().cpu(), lr2, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ent2.double().cpu(), er2, atol=2e-5, rtol=2e-5)
+    for a, e in zip(leaves, ref_leaves):
+        assert torch.isfinite(a.grad).all()
+        torch.testing.assert_close(a.grad.double().cpu(), e.grad, atol=5e-5, rtol=5e-5)
+
+
+def test_inplace_backward_refuses_a_leaf():
+    z = torch.randn(3, 11, requires_grad=True)
+    with pytest.raises(ValueError, match="inplace_backward=True would overwrite logits"):
+        sk.logprobs_from_logits(z, torch.zeros(3, dtype=torch.long), inplace_backward=True)

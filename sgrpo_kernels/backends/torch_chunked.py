@@ -7,6 +7,8 @@ so that lse = m + log s and H = log s - u / s (tracking u relative to m avoids c
 |z| is large). Backward recomputes each tile and applies (DESIGN.md)
   dL/dz = g_logp * (1[j = y] - p) - g_H * p * (z - lse + H)
 after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
+-inf logits (masked vocabulary, -inf bias) are allowed: they get p = 0 and contribute 0, never NaN.
+Tile buffers are allocated once per call and reused, so large tiles do not pay fresh page faults every step.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import torch
 from sgrpo_kernels.backends import Options
 
 DEVICE_TYPES = ("*",)
-DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the tile temporaries of one step
-_TILE_TEMPS = 4  # live (rows x vocab-chunk) temporaries per tile, worst case (z, exp, products), in compute dtype
+DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the temporaries of one call (tiles + weight-chunk copies)
+_TILE_TEMPS = 2  # (rows x vocab-chunk) buffers per call: logits tile and exp tile, in compute dtype
 _MIN_VCHUNK = 256
+_LOGP_FLOOR = -1.0e4  # exp(-1e4) == 0 in fp32 and fp64: clamping log p there changes no probability
 
 
 def is_available() -> tuple[bool, str]:
@@ -29,20 +32,46 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def chunk_sizes(n_rows: int, vocab: int, memory_budget: int, elem_bytes: int = 4) -> tuple[int, int]:
-    """(rows per tile, vocab columns per tile) so that the tile temporaries fit `memory_budget` bytes."""
+def chunk_sizes(n_rows: int, vocab: int, memory_budget: int, elem_bytes: int = 4, col_bytes: int = 0
+                ) -> tuple[int, int]:
+    """(rows per tile, vocab columns per tile) so that the temporaries fit `memory_budget` bytes.
+
+    A tile costs rows * cols * _TILE_TEMPS * elem_bytes; each vocab column of a chunk also costs `col_bytes`
+    (weight-chunk copies and gradient accumulators, D-sized per column).
+    """
     budget = memory_budget if memory_budget > 0 else DEFAULT_MEMORY_BUDGET
-    tile = max(budget // (_TILE_TEMPS * elem_bytes), _MIN_VCHUNK)
-    v_chunk = min(vocab, max(_MIN_VCHUNK, tile // max(n_rows, 1)))
+    per_elem = _TILE_TEMPS * elem_bytes
+    v_chunk = min(vocab, max(_MIN_VCHUNK, budget // (max(n_rows, 1) * per_elem + col_bytes)))
     if v_chunk < vocab:
         v_chunk = max(_MIN_VCHUNK, v_chunk // 128 * 128)
-    rows = max(1, min(max(n_rows, 1), tile // v_chunk))
+    rows = max(1, min(max(n_rows, 1), (budget - v_chunk * col_bytes) // (v_chunk * per_elem)))
     return rows, v_chunk
 
 
 def _spans(total: int, step: int):
     for start in range(0, total, step):
         yield start, min(start + step, total)
+
+
+class _Tiles:
+    """Two reusable (rows x cols) buffers; `view(k, r, c)` is a contiguous (r, c) view of buffer k."""
+
+    def __init__(self, rows: int, cols: int, device: torch.device, dtype: torch.dtype):
+        self.bufs = [torch.empty(rows * cols, device=device, dtype=dtype) for _ in range(_TILE_TEMPS)]
+
+    def view(self, k: int, r: int, c: int) -> torch.Tensor:
+        return self.bufs[k][: r * c].view(r, c)
+
+
+def _logits_tile(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float, out: torch.Tensor):
+    """out = (h @ w.T + b) / temperature, written into a reused buffer."""
+    if b is not None:
+        torch.addmm(b, h, w.T, out=out)
+    else:
+        torch.mm(h, w.T, out=out)
+    if temperature != 1.0:
+        out.div_(temperature)
+    return out
 
 
 class _OnlineStats:
@@ -54,8 +83,12 @@ class _OnlineStats:
         self.u = torch.zeros(n, device=device, dtype=dtype)
         self.zy = torch.zeros(n, device=device, dtype=dtype)
 
-    def update(self, rows: slice, z: torch.Tensor, targets: torch.Tensor, v0: int, with_entropy: bool) -> None:
-        """Fold tile z (rows, vc) covering vocab columns [v0, v0 + vc) into the statistics of `rows`. Consumes z."""
+    def update(self, rows: slice, z: torch.Tensor, targets: torch.Tensor, v0: int, with_entropy: bool,
+               e: torch.Tensor) -> None:
+        """Fold tile z (rows, vc) covering vocab columns [v0, v0 + vc) into the statistics of `rows`.
+
+        Consumes z; `e` is a same-shape scratch buffer.
+        """
         vc = z.shape[1]
         local = targets - v0
         hit = (local >= 0) & (local < vc)
@@ -64,14 +97,18 @@ class _OnlineStats:
 
         m_old = self.m[rows]
         m_new = torch.maximum(m_old, z.amax(dim=1))
-        scale = torch.exp(m_old - m_new)  # exp(-inf) = 0 on the first chunk
-        z.sub_(m_new.unsqueeze(1))  # z - m_new, in place
-        e = torch.exp(z)
+        # equal maxima (including both -inf: nothing finite seen yet) keep the old sums as they are
+        same = m_old == m_new
+        scale = torch.where(same, torch.ones_like(m_old), torch.exp(m_old - m_new))
+        z.sub_(torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)).unsqueeze(1))  # z - m_new
+        torch.exp(z, out=e)
         s_old = self.s[rows]  # a view: read it before s is written
         if with_entropy:
-            # u_new = exp(m_old - m_new) * (u_old + s_old * (m_old - m_new)) + sum e * (z - m_new)
-            shift = torch.where(torch.isfinite(m_old), m_old - m_new, torch.zeros_like(m_old))
-            self.u[rows] = scale * (self.u[rows] + s_old * shift) + (e * z).sum(dim=1)
+            # u_new = exp(m_old - m_new) * (u_old + s_old * (m_old - m_new)) + sum e * (z - m_new);
+            # nansum: e * z is 0 * -inf = nan exactly where a logit is -inf, whose term is 0
+            # (s_old = u_old = 0 while m_old is -inf, so the shift must be 0 there, not -inf)
+            shift = torch.where(same | torch.isinf(m_old), torch.zeros_like(m_old), m_old - m_new)
+            self.u[rows] = scale * (self.u[rows] + s_old * shift) + z.mul_(e).nansum(dim=1)
         self.s[rows] = s_old * scale + e.sum(dim=1)
         self.m[rows] = m_new
 
@@ -85,6 +122,7 @@ class _OnlineStats:
 
 def _grad_tile_(
     z: torch.Tensor,  # (rows, vc) logits tile / temperature, overwritten
+    p: torch.Tensor,  # (rows, vc) scratch buffer; holds the result
     targets: torch.Tensor,  # (rows,)
     v0: int,
     lse: torch.Tensor,  # (rows,)
@@ -93,19 +131,21 @@ def _grad_tile_(
     g_ent: torch.Tensor | None,
     temperature: float,
 ) -> torch.Tensor:
-    """dL/dlogits for one tile (including the 1/temperature of z = logits / temperature). Reuses z's storage.
+    """dL/dlogits for one tile (including the 1/temperature of z = logits / temperature), written into `p`.
 
     dz = g_logp * 1[j = y] - p * (g_logp + g_H * (log p + H)), divided by the temperature; the per-row factors carry
-    the signs and 1/temperature so the tile is touched six times (sub, exp, add, mul, sub, mul).
+    the signs and 1/temperature so the tile is touched few times.
     """
     vc = z.shape[1]
     inv_t = 1.0 / temperature
     z.sub_(lse.unsqueeze(1))  # log p
-    p = torch.exp(z)
     if g_ent is not None:
+        z.clamp_(min=_LOGP_FLOOR)  # -inf logits: p = 0 either way, and (log p + H) stays finite
+        torch.exp(z, out=p)
         # -(g_H (log p + H) + g_logp) / T
         coef = z.add_(entropy.unsqueeze(1)).mul_((g_ent * -inv_t).unsqueeze(1)).sub_((g_logp * inv_t).unsqueeze(1))
     else:
+        torch.exp(z, out=p)
         coef = (g_logp * -inv_t).unsqueeze(1)
     dz = p.mul_(coef)
     local = targets - v0
@@ -156,28 +196,31 @@ def _outputs(logp, lse, entropy, idx, n, opts: Options):
     return logp, ent, lse
 
 
+def _elem_bytes(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
 # ----------------------------------------------------------------------------------------------------------- linear
 
 
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
-    n = hidden.shape[0]
+    n, d = hidden.shape
     vocab = weight.shape[0]
     cdt = _compute_dtype(hidden.dtype)
     idx = _active_rows(targets, opts.ignore_index)
     h = (hidden if idx is None else hidden.index_select(0, idx)).to(cdt)
     t = targets if idx is None else targets.index_select(0, idx)
-    rows_per_tile, v_chunk = chunk_sizes(h.shape[0], vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
-    stats = _OnlineStats(h.shape[0], h.device, cdt)
+    na = h.shape[0]
+    col_bytes = d * _elem_bytes(cdt) if weight.dtype != cdt else 0  # the compute-dtype copy of a weight chunk
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt), col_bytes)
+    stats = _OnlineStats(na, h.device, cdt)
+    tiles = _Tiles(min(rows_per_tile, na), min(v_chunk, vocab), h.device, cdt)
     for v0, v1 in _spans(vocab, v_chunk):
         w = weight[v0:v1].to(cdt)
         b = bias[v0:v1].to(cdt) if bias is not None else None
-        for r0, r1 in _spans(h.shape[0], rows_per_tile):
-            z = h[r0:r1] @ w.T
-            if b is not None:
-                z.add_(b)
-            if opts.temperature != 1.0:
-                z.div_(opts.temperature)
-            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy)
+        for r0, r1 in _spans(na, rows_per_tile):
+            z = _logits_tile(h[r0:r1], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
     logp, lse, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, lse, entropy, idx, n, opts)
 
@@ -200,36 +243,35 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     na = h.shape[0]
 
     need_h, need_w = opts.need_grad_hidden, opts.need_grad_weight
+    cast_w = weight.dtype != cdt
     grad_h = torch.zeros(na, d, device=h.device, dtype=cdt) if need_h else None
-    grad_w = torch.empty_like(weight) if need_w else None
-    grad_b = torch.empty_like(bias) if (bias is not None and need_w) else None
-    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    # fp32/fp64 weights accumulate straight into grad_weight; low precision goes through an fp32 chunk accumulator
+    grad_w = (torch.zeros_like(weight) if not cast_w else torch.empty_like(weight)) if need_w else None
+    grad_b = torch.zeros_like(bias) if (bias is not None and need_w) else None
+    col_bytes = (2 * d * _elem_bytes(cdt) if cast_w else 0) if need_w else (d * _elem_bytes(cdt) if cast_w else 0)
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt), col_bytes)
+    tiles = _Tiles(min(rows_per_tile, max(na, 1)), min(v_chunk, vocab), h.device, cdt)
     for v0, v1 in _spans(vocab, v_chunk):
         w = weight[v0:v1].to(cdt)
         b = bias[v0:v1].to(cdt) if bias is not None else None
-        gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt) if need_w else None
-        gb = torch.zeros(v1 - v0, device=h.device, dtype=cdt) if grad_b is not None else None
+        gw = None
+        if need_w:
+            gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt) if cast_w else grad_w[v0:v1]
         for r0, r1 in _spans(na, rows_per_tile):
-            z = h[r0:r1] @ w.T
-            if b is not None:
-                z.add_(b)
-            if opts.temperature != 1.0:
-                z.div_(opts.temperature)
             sl = slice(r0, r1)
+            z = _logits_tile(h[sl], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
             dz = _grad_tile_(
-                z, t[sl], v0, ls[sl], ent[sl] if ent is not None else None, gl[sl],
+                z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, ls[sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
             )
             if need_h:
                 grad_h[sl].addmm_(dz, w)
             if need_w:
                 gw.addmm_(dz.T, h[sl])
-            if gb is not None:
-                gb.add_(dz.sum(dim=0))
-        if need_w:
+                if grad_b is not None:
+                    grad_b[v0:v1] += dz.sum(dim=0).to(grad_b.dtype)
+        if need_w and cast_w:
             grad_w[v0:v1] = gw
-        if grad_b is not None:
-            grad_b[v0:v1] = gb
     grad_hidden = _scatter_rows(grad_h, idx, n).to(hidden.dtype) if need_h else None
     return grad_hidden, grad_w, grad_b
 
@@ -243,15 +285,16 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options):
     idx = _active_rows(targets, opts.ignore_index)
     t = targets if idx is None else targets.index_select(0, idx)
     na = t.shape[0]
-    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt))
     stats = _OnlineStats(na, logits.device, cdt)
+    tiles = _Tiles(min(rows_per_tile, max(na, 1)), min(v_chunk, vocab), logits.device, cdt)
     for r0, r1 in _spans(na, rows_per_tile):
         src = logits[r0:r1] if idx is None else logits.index_select(0, idx[r0:r1])
         for v0, v1 in _spans(vocab, v_chunk):
-            z = src[:, v0:v1].to(cdt, copy=True)
+            z = tiles.view(0, r1 - r0, v1 - v0).copy_(src[:, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
-            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy)
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
     logp, lse, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, lse, entropy, idx, n, opts)
 
@@ -261,23 +304,25 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entr
     cdt = _compute_dtype(logits.dtype)
     g_ent = _entropy_grad(grad_entropy, entropy, opts)
     idx = _active_rows(targets, opts.ignore_index, grad_logp, g_ent)
-    active = torch.arange(n, device=logits.device) if idx is None else idx
     out = logits if opts.inplace_backward else torch.empty_like(logits)
     if idx is not None:  # rows without gradient get exact zeros
         inactive = torch.ones(n, dtype=torch.bool, device=logits.device)
         inactive[idx] = False
         out[inactive] = 0
-    rows_per_tile, v_chunk = chunk_sizes(active.numel(), vocab, opts.memory_budget, torch.finfo(cdt).bits // 8)
-    for r0, r1 in _spans(active.numel(), rows_per_tile):
-        ri = active[r0:r1]
+    na = n if idx is None else idx.numel()
+    rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt))
+    tiles = _Tiles(min(rows_per_tile, max(na, 1)), min(v_chunk, vocab), logits.device, cdt)
+    for r0, r1 in _spans(na, rows_per_tile):
+        # contiguous row ranges are sliced (no copy); compacted rows are gathered
+        ri = slice(r0, r1) if idx is None else idx[r0:r1]
         t = targets[ri]
         ls, gl = lse[ri].to(cdt), grad_logp[ri].to(cdt)
         ge = g_ent[ri].to(cdt) if g_ent is not None else None
         ent = entropy[ri].to(cdt) if g_ent is not None else None
         for v0, v1 in _spans(vocab, v_chunk):
-            z = logits[ri, v0:v1].to(cdt)  # advanced indexing copies: safe to overwrite
+            z = tiles.view(0, r1 - r0, v1 - v0).copy_(logits[ri, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
-            dz = _grad_tile_(z, t, v0, ls, ent, gl, ge, opts.temperature)
+            dz = _grad_tile_(z, tiles.view(1, r1 - r0, v1 - v0), t, v0, ls, ent, gl, ge, opts.temperature)
             out[ri, v0:v1] = dz.to(out.dtype)
     return out

@@ -81,6 +81,9 @@ def is_available() -> tuple[bool, str]:
 
 if triton is not None:
     _NEG = tl.constexpr(-1.0e30)  # masked logit: exp(_NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0
+    # -inf logits (masked vocabulary, -inf bias) are clamped to _NEG for the statistics, and log p to _LOGP_FLOOR in
+    # the backward: exp of either is exactly 0, so p is unchanged and no 0 * inf = nan appears
+    _LOGP_FLOOR = tl.constexpr(-1.0e4)
 
     @triton.jit
     def _mma(a, b, acc, DOT_PRECISION: tl.constexpr):
@@ -185,7 +188,7 @@ if triton is not None:
             col_ok = cols < v_end
             z = _logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, D, stride_hn, stride_hd, stride_wv,
                              stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
-            z = tl.where(col_ok[None, :], z, _NEG)
+            z = tl.where(col_ok[None, :], tl.maximum(z, _NEG), _NEG)
             m, s, u = _online_update(m, s, u, z, WITH_ENTROPY)
         if SPLIT:
             off = pid_s.to(tl.int64) * N + rows
@@ -271,7 +274,7 @@ if triton is not None:
             cols = v0 + cl.to(tl.int64)
             z = _logits_tile(h_ptr, w_ptr, b_ptr, rows, i_ok, cols, c_ok, D, stride_hn, stride_hd, stride_wv,
                              stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
-            logp_j = z - lse[:, None]
+            logp_j = tl.maximum(z - lse[:, None], _LOGP_FLOOR)
             p = tl.exp(logp_j)
             dz = -gl[:, None] * p
             if HAS_GE:
@@ -372,7 +375,7 @@ if triton is not None:
             z = tl.where(col_ok[None, :], x.to(tl.float32) * inv_temp, _NEG)
             hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
             zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
-            m, s, u = _online_update(m, s, u, z, WITH_ENTROPY)
+            m, s, u = _online_update(m, s, u, tl.maximum(z, _NEG), WITH_ENTROPY)
         logp, ent, lse = _finalize(m, s, u, zy, tgt == ignore_index)
         tl.store(logp_ptr + rows, logp, mask=row_ok)
         if WITH_ENTROPY:
@@ -403,7 +406,7 @@ if triton is not None:
             col_ok = cols < V
             x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
                         mask=live[:, None] & col_ok[None, :], other=0.0)
-            logp_j = x.to(tl.float32) * inv_temp - lse[:, None]
+            logp_j = tl.maximum(x.to(tl.float32) * inv_temp - lse[:, None], _LOGP_FLOOR)
             p = tl.exp(logp_j)
             dz = -gl[:, None] * p
             if HAS_GE:
