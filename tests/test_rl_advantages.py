@@ -198,3 +198,21 @@ def test_bad_inputs(call, exc, words):
         call()
     for w in words:
         assert w in str(info.value)
+
+
+def test_eps_zero_gives_zero_not_nan_for_constant_groups():
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    for method in ("grpo", "lite_ppo", "ngrpo"):
+        opts = {"eps": 0.0} if method != "ngrpo" else {"eps": 0.0, "k": 0}
+        a = rl.group_advantages(r if method != "lite_ppo" else torch.ones(4, dtype=torch.float64), 2, method, **opts)
+        assert torch.isfinite(a).all(), (method, a)
+    a = rl.group_advantages(r, 2, "grpo", eps=0.0)
+    assert a[0] == 0 and a[1] == 0 and a[2] < 0 < a[3]
+
+
+def test_all_fail_negative_accepts_base_options():
+    r = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    a = rl.group_advantages(r, 2, "all_fail_negative", base="ngrpo", k=2, c=0.5)
+    assert torch.equal(a[:2], torch.full((2,), -0.5, dtype=torch.float64))
+    b = rl.group_advantages(r, 2, "ngrpo", k=2)
+    torch.testing.assert_close(a[2:], b[2:])

@@ -34,8 +34,6 @@ def ref_loss(
     n = [sum(m[i]) for i in range(b)]
     hv = entropy.detach() if entropy is not None else None
     a = [float(adv[i]) for i in range(b)]
-    if cfg.positive_only:
-        a = [max(x, 0.0) for x in a]
     hbar = (
         [sum(m[i][k] * float(hv[i, k]) for k in range(t) if valid[i][k]) / n[i] if n[i] > 0 else 0.0 for i in range(b)]
         if hv is not None
@@ -60,6 +58,8 @@ def ref_loss(
         keep = [hbar[i] <= thr for i in range(b)]
     if cfg.entropy_advantage_shift is not None:
         a = [a[i] - cfg.entropy_advantage_shift * hbar[i] for i in range(b)]
+    if cfg.positive_only:
+        a = [max(x, 0.0) for x in a]
     w = [
         [
             m[i][k] * (float(tw[i, k]) if tw is not None else 1.0) * (1.0 if keep[i] else 0.0) if valid[i][k] else 0.0
@@ -172,6 +172,7 @@ def cfg_cases():
     cases += [
         ("dual_clip", dataclasses.replace(base, dual_clip=1.5, epsilon_low=0.05, epsilon_high=0.05)),
         ("positive_only", dataclasses.replace(base, positive_only=True)),
+        ("positive_only_after_shift", dataclasses.replace(base, positive_only=True, entropy_advantage_shift=0.5)),
         ("top_entropy", dataclasses.replace(base, top_entropy_quantile=0.3)),
         ("quantile_filter", dataclasses.replace(base, entropy_filter="quantile:0.5")),
         ("adaptive_filter", dataclasses.replace(base, entropy_filter="adaptive")),
@@ -416,3 +417,13 @@ def test_empty_and_all_masked():
     loss.backward()
     assert (lp.grad == 0).all()
     assert math.isnan(m["ratio_mean"])
+
+
+def test_positive_only_holds_after_the_entropy_shift():
+    """A = [-1, 0] shifted by -0.5 <H> must still be clamped to 0: no negative advantage, no gradient."""
+    logp = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
+    ent = torch.ones(2, 3, dtype=torch.float64)
+    cfg = dataclasses.replace(rl.LossConfig(), positive_only=True, entropy_advantage_shift=0.5)
+    loss, _ = rl.policy_loss(logp, torch.tensor([-1.0, 0.0], dtype=torch.float64), torch.ones(2, 3), cfg, entropy=ent)
+    (g,) = torch.autograd.grad(loss, logp)
+    assert (g == 0).all()

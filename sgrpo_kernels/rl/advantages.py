@@ -34,6 +34,11 @@ _COMMON_OPTIONS: dict[str, Any] = {"r_min": 0.0, "r_max": 1.0, "positive_only": 
 
 def _resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
     allowed = {**_COMMON_OPTIONS, **_METHOD_OPTIONS[method]}
+    if method == "all_fail_negative":
+        # the base method's own options (and defaults, e.g. NGRPO's k and eps) apply too
+        base = check_choice("base", options.get("base", allowed["base"]), ("grpo", "dr_grpo", "rloo", "lite_ppo",
+                                                                           "ngrpo"))
+        allowed = {**allowed, **_METHOD_OPTIONS[base], "base": base}
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(
@@ -80,10 +85,16 @@ def _group_mean_std(r: Tensor, valid: Tensor, unbiased: bool) -> tuple[Tensor, T
     return n, mean, std
 
 
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    """num / den, and 0 where den is 0 (eps = 0 with a zero-variance group): never NaN."""
+    ok = den > 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
 def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]) -> Tensor:
     if method == "grpo":
         _, mean, std = _group_mean_std(r, valid, opts["unbiased"])
-        return (r - mean) / (std + opts["eps"])
+        return _safe_div(r - mean, std + opts["eps"])
     if method == "dr_grpo":
         _, mean, _ = _group_mean_std(r, valid, False)
         return r - mean
@@ -97,7 +108,7 @@ def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]
         _, mean, _ = _group_mean_std(r, valid, False)
         flat_valid = valid.reshape(1, -1)
         _, _, batch_std = _group_mean_std(r.reshape(1, -1), flat_valid, opts["unbiased"])
-        return (r - mean) / (batch_std + opts["eps"])
+        return _safe_div(r - mean, batch_std + opts["eps"])
     if method == "ngrpo":
         k, r_max = opts["k"], opts["r_max"]
         n = valid.sum(dim=1, keepdim=True).to(r.dtype)
@@ -109,7 +120,7 @@ def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]
         sq = sq + k * (r_max - mean) ** 2
         denom = (n_aug - 1) if opts["unbiased"] else n_aug
         std = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq)).sqrt()
-        return (r - mean) / (std + opts["eps"])
+        return _safe_div(r - mean, std + opts["eps"])
     raise AssertionError(method)  # unreachable: method validated by the caller
 
 

@@ -305,8 +305,6 @@ def policy_loss(
     h = torch.where(valid, entropy.to(dt), zero) if entropy is not None else None
 
     adv = adv_in.detach().to(dt)
-    if config.positive_only:
-        adv = adv.clamp(min=0.0)
 
     keep = torch.ones(b, dtype=torch.bool, device=logp.device)
     thr = torch.tensor(math.nan, dtype=dt, device=logp.device)
@@ -318,6 +316,8 @@ def policy_loss(
         keep = h_seq <= thr
     if config.entropy_advantage_shift is not None:
         adv = adv - config.entropy_advantage_shift * h_seq
+    if config.positive_only:  # last, so no later shift brings a negative advantage back
+        adv = adv.clamp(min=0.0)
 
     w = m
     if token_weights is not None:
