@@ -19,12 +19,13 @@ def _std(xs: list[float], unbiased: bool = True) -> float:
     d = n - 1 if unbiased else n
     if d <= 0:
         return 0.0
-    mu = sum(xs) / n
+    mu = math.fsum(xs) / n
     return math.sqrt(sum((x - mu) ** 2 for x in xs) / d)
 
 
 def ref_advantages(rewards: list[float], g: int, method: str, **o) -> list[float]:
-    """Loop float64 reference: one group at a time, NaN rewards left out and given 0."""
+    """Loop float64 reference: one group at a time, NaN rewards left out and given 0 (fsum: exact means, so a
+    constant group's advantages are exactly 0 here too)."""
     eps = o.get("eps")
     r_min, r_max = o.get("r_min", 0.0), o.get("r_max", 1.0)
     all_valid = [x for x in rewards if not math.isnan(x)]
@@ -33,7 +34,7 @@ def ref_advantages(rewards: list[float], g: int, method: str, **o) -> list[float
         grp = rewards[start : start + g]
         vals = [x for x in grp if not math.isnan(x)]
         n = len(vals)
-        mu = sum(vals) / n if n else 0.0
+        mu = math.fsum(vals) / n if n else 0.0
         base = o.get("base", "grpo") if method == "all_fail_negative" else method
         for x in grp:
             if math.isnan(x):
@@ -44,13 +45,13 @@ def ref_advantages(rewards: list[float], g: int, method: str, **o) -> list[float
             elif base == "dr_grpo":
                 a = x - mu
             elif base == "rloo":
-                a = x - (sum(vals) - x) / (n - 1) if n > 1 else 0.0
+                a = x - (math.fsum(vals) - x) / (n - 1) if n > 1 else 0.0
             elif base == "lite_ppo":
                 a = (x - mu) / (_std(all_valid) + (1e-4 if eps is None else eps))
             elif base == "ngrpo":
                 k = o.get("k", 1)
                 aug = vals + [r_max] * k
-                mu2 = sum(aug) / len(aug)
+                mu2 = math.fsum(aug) / len(aug)
                 a = (x - mu2) / (_std(aug) + (1e-6 if eps is None else eps))
             else:
                 raise AssertionError(base)

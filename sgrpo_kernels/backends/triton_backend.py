@@ -633,9 +633,10 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     out_dtype = hidden.dtype
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
     h, w, b = _compute_inputs(hidden, weight, bias)
-    grad_w = _new(w.shape, w, w.dtype)
-    grad_b = _new(b.shape, b, b.dtype) if b is not None else None
-    gh = torch.zeros((n, d), device=h.device, dtype=torch.float32)
+    # a frozen weight gets no buffer (a (V, 0) stand-in keeps the code below uniform; its kernel is never launched)
+    grad_w = _new(w.shape if opts.need_grad_weight else (w.shape[0], 0), w, w.dtype)
+    grad_b = _new(b.shape, b, b.dtype) if (b is not None and opts.need_grad_weight) else None
+    gh = torch.zeros((n, d) if opts.need_grad_hidden else (0, d), device=h.device, dtype=torch.float32)
     if n == 0:
         grad_w.zero_()
         if grad_b is not None:
@@ -660,21 +661,26 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
                 h.stride(0), h.stride(1), w.stride(0), w.stride(1), b_stride, dz.stride(0), 1.0 / opts.temperature,
                 HAS_BIAS=b is not None, HAS_GE=has_ge, DOT_PRECISION=prec,
             )
-            _launch(
-                "dh", _linear_logprobs_bwd_dh_kernel,
-                lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(d, meta["BLOCK_D"])), h, _INTERP_GEMM_DH,
-                dz, w, idx, count, gh, d, v0, width, dz.stride(0), w.stride(0), w.stride(1), gh.stride(0),
-                DOT_PRECISION=prec,
-            )
-            _launch(
-                "dw", _linear_logprobs_bwd_dw_kernel,
-                lambda meta, width=width: (triton.cdiv(width, meta["BLOCK_V"]), triton.cdiv(d, meta["BLOCK_D"])), h,
-                _INTERP_GEMM_DW,
-                dz, h, idx, count, grad_w, grad_b if grad_b is not None else grad_w, d, v0, width,
-                dz.stride(0), h.stride(0), h.stride(1), grad_w.stride(0), grad_b.stride(0) if grad_b is not None else 0,
-                HAS_BIAS=b is not None, DOT_PRECISION=prec,
-            )
-    grad_hidden = gh if out_dtype == torch.float32 else gh.to(out_dtype)
+            if opts.need_grad_hidden:
+                _launch(
+                    "dh", _linear_logprobs_bwd_dh_kernel,
+                    lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(d, meta["BLOCK_D"])), h, _INTERP_GEMM_DH,
+                    dz, w, idx, count, gh, d, v0, width, dz.stride(0), w.stride(0), w.stride(1), gh.stride(0),
+                    DOT_PRECISION=prec,
+                )
+            if opts.need_grad_weight:
+                _launch(
+                    "dw", _linear_logprobs_bwd_dw_kernel,
+                    lambda meta, width=width: (triton.cdiv(width, meta["BLOCK_V"]), triton.cdiv(d, meta["BLOCK_D"])), h,
+                    _INTERP_GEMM_DW,
+                    dz, h, idx, count, grad_w, grad_b if grad_b is not None else grad_w, d, v0, width,
+                    dz.stride(0), h.stride(0), h.stride(1), grad_w.stride(0),
+                    grad_b.stride(0) if grad_b is not None else 0,
+                    HAS_BIAS=b is not None, DOT_PRECISION=prec,
+                )
+    grad_hidden = (gh if out_dtype == torch.float32 else gh.to(out_dtype)) if opts.need_grad_hidden else None
+    if not opts.need_grad_weight:  # frozen weight (and bias): the dW GEMM was skipped
+        return grad_hidden, None, None
     if grad_w.dtype != weight.dtype:
         grad_w = grad_w.to(weight.dtype)
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
