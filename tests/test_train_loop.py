@@ -1,0 +1,285 @@
+"""Trainer: a training step, grouped-prompt forward, resume equivalence, the non-finite guard and the CLI, all on a
+tiny random-weight Llama built in-process (no GGUF, no downloads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import train.loop as loop  # noqa: E402
+from sgrpo_kernels import sgrpo_loss  # noqa: E402
+from sgrpo_kernels.rl import preset  # noqa: E402
+from train.__main__ import main  # noqa: E402
+from train.config import TrainConfig, parse_args  # noqa: E402
+from train.model import head_weight, policy_hidden, policy_hidden_grouped, tiny_model_and_tokenizer  # noqa: E402
+from train.rollout import completion_mask, rollout  # noqa: E402
+from train.tasks import ArithmeticTask  # noqa: E402
+
+# A loss that always has a gradient on a random model (whose rewards are all 0): an entropy bonus, no filter.
+LOSS = {"entropy_filter": None, "entropy_coef": 0.01}
+
+
+def tiny_cfg(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        model="tiny",
+        output_dir=str(tmp_path / "run"),
+        max_steps=3,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=6,
+        eval_problems=6,
+        eval_k=2,
+        eval_k_problems=3,
+        probe_size=3,
+        kl_every=1,
+        progress=False,
+        warmup_steps=1,
+        lr=1e-3,
+        system_prompt=None,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_completion_mask_keeps_first_eos():
+    ids = torch.tensor([[5, 6, 2, 2, 2], [5, 2, 7, 8, 2], [5, 6, 7, 8, 9]])
+    assert completion_mask(ids, {2}).tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+
+
+def test_grouped_forward_matches_full_sequences():
+    model, _ = tiny_model_and_tokenizer(0)
+    b, g, p, t = 3, 4, 7, 5
+    pids = torch.randint(3, 50, (b, p))
+    pmask = torch.ones(b, p, dtype=torch.long)
+    pmask[0, :3] = 0  # left padding
+    cids = torch.randint(3, 50, (b * g, t))
+    cmask = torch.ones(b * g, t, dtype=torch.bool)
+    cmask[1, 3:] = False  # right padding after EOS
+    full = policy_hidden(
+        model,
+        torch.cat([pids.repeat_interleave(g, 0), cids], 1),
+        torch.cat([pmask.repeat_interleave(g, 0), cmask.long()], 1),
+    )[:, p - 1 : -1]
+    grouped = policy_hidden_grouped(model, pids, pmask, cids, cmask, g)
+    torch.testing.assert_close(grouped[cmask], full[cmask], rtol=1e-5, atol=1e-5)
+    w = torch.randn_like(full)
+    params = [q for q in model.parameters() if q.requires_grad]
+    g_full = torch.autograd.grad((full * w)[cmask].sum(), params, allow_unused=True)
+    g_grp = torch.autograd.grad((grouped * w)[cmask].sum(), params, allow_unused=True)
+    for a, c in zip(g_full, g_grp):
+        if a is not None:
+            torch.testing.assert_close(c, a, rtol=1e-4, atol=1e-5)
+
+
+def test_training_step_changes_weights():
+    torch.manual_seed(0)
+    model, tok = tiny_model_and_tokenizer(0)
+    problems = ArithmeticTask("1").sample(2, __import__("random").Random(0))
+    batch = rollout(model, tok, problems, group_size=4, max_new_tokens=5, temperature=1.0, top_p=1.0)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0])  # pretend some were right
+    cfg = preset("s_grpo")
+    cfg = type(cfg)(**{**cfg.__dict__, "entropy_filter": None})
+    adv = cfg.advantages(rewards, 4)
+    weights, counts = cfg.conflict_weights(batch.completion_ids, batch.completion_mask, adv, 4)
+    hidden = loop.completion_hidden(model, batch, 4)
+    assert hidden.shape[:2] == batch.completion_ids.shape
+    targets = torch.where(batch.completion_mask, batch.completion_ids, -100)
+    loss, metrics = sgrpo_loss(
+        hidden,
+        head_weight(model),
+        targets,
+        adv,
+        batch.completion_mask,
+        cfg,
+        token_weights=weights,
+        conflict_counts=counts,
+        compute_entropy=True,
+    )
+    assert torch.isfinite(loss) and metrics["entropy_mean"] > 0
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    opt.step()
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_run_writes_metrics_and_summary(tmp_path):
+    summary = loop.train(tiny_cfg(tmp_path, max_steps=2), LOSS)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if r.get("event") != "eval"]
+    evals = [r for r in lines if r.get("event") == "eval"]
+    assert [r["step"] for r in steps] == [1, 2] and [r["step"] for r in evals] == [0, 2]
+    need = (
+        "step reward_mean reward_std accuracy zero_var_frac entropy_mean grad_norm clip_frac masked_frac "
+        "filtered_frac completion_len kl_from_init collapse tokens_per_s step_s peak_mem_mb"
+    ).split()
+    for r in steps:
+        assert all(k in r for k in need), set(need) - set(r)
+    assert steps[-1]["kl_from_init"] > 0  # lr 1e-3 moved the policy away from its initial log-probs
+    assert {"eval_acc", "eval_acc_se", "eval_pass@2", "eval_maj@2"} <= set(evals[0])
+    assert summary["steps"] == 2 and "after" in summary
+    assert (tmp_path / "run" / "checkpoint" / "state.pt").exists()
+
+
+def test_resume_is_exact(tmp_path, monkeypatch):
+    ref = loop.train(tiny_cfg(tmp_path / "a", max_steps=3), LOSS)
+    ref_steps = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
+    ref_losses = [r["loss"] for r in ref_steps if r.get("event") != "eval"]
+    assert ref["steps"] == 3
+
+    # The same run, interrupted (Ctrl-C) during step 3, then resumed.
+    calls = {"n": 0}
+    real_rollout = loop.rollout
+
+    def interrupting_rollout(*args, **kwargs):
+        if not kwargs.get("greedy") and kwargs.get("group_size") == 4:  # a training rollout
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise KeyboardInterrupt
+        return real_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "rollout", interrupting_rollout)
+    out = loop.train(tiny_cfg(tmp_path / "b", max_steps=3), LOSS)
+    assert out["interrupted"] and out["steps"] == 2
+    monkeypatch.setattr(loop, "rollout", real_rollout)
+    resumed = loop.train(tiny_cfg(tmp_path / "b", max_steps=3, resume=True), LOSS)
+    assert resumed["steps"] == 3
+    lines = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in lines if r.get("event") != "eval"]
+    assert len(losses) == 3
+    assert losses == pytest.approx(ref_losses, rel=1e-6, abs=1e-9)  # step 3 after the resume == uninterrupted
+    assert losses[2] != 0.0
+
+
+class _NanGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad"])
+def test_non_finite_guard_skips_step(tmp_path, monkeypatch, kind):
+    real = loop.sgrpo_loss
+
+    def bad_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return (loss * float("nan") if kind == "loss" else _NanGrad.apply(loss)), metrics
+
+    monkeypatch.setattr(loop, "sgrpo_loss", bad_loss)
+    model, tok = tiny_model_and_tokenizer(0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loop.train(tiny_cfg(tmp_path, max_steps=2, kl_every=0, eval_k=0), LOSS, model_and_tokenizer=(model, tok))
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n  # the weights were never touched
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in steps if r.get("event") != "eval"] == [1, 1]
+
+
+def test_cli_help_lists_every_field(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--preset",
+        "--model",
+        "--task",
+        "--max-steps",
+        "--output-dir",
+        "--seed",
+        "--resume",
+        "--lr",
+        "--group-size",
+        "--lora",
+        "--loss.beta",
+        "--loss.entropy_floor",
+    ):
+        assert flag in text
+    for name in TrainConfig.__dataclass_fields__:
+        assert f"--{name.replace('_', '-')}" in text
+
+
+def test_cli_overrides():
+    cfg, over = parse_args(
+        [
+            "--preset",
+            "gtpo",
+            "--max-steps",
+            "7",
+            "--lora",
+            "--loss.beta",
+            "0.1",
+            "--loss.entropy_filter",
+            "ln2",
+            "--run-preset",
+            "smoke",
+        ]
+    )
+    assert cfg.preset == "gtpo" and cfg.max_steps == 7 and cfg.lora is True and cfg.group_size == 4
+    assert over == {"beta": 0.1, "entropy_filter": "ln2"}
+    assert cfg.loss_config(over).beta == 0.1
+    with pytest.raises(SystemExit):
+        parse_args(["--preset", "nope"])
+    with pytest.raises(ValueError):
+        parse_args(["--loss.epsilon_low", "2.0"])
+
+
+def test_cli_runs_and_plots(tmp_path):
+    out = tmp_path / "cli"
+    assert (
+        main(
+            [
+                "--model",
+                "tiny",
+                "--max-steps",
+                "2",
+                "--prompts-per-step",
+                "2",
+                "--group-size",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--eval-problems",
+                "4",
+                "--eval-k",
+                "2",
+                "--probe-size",
+                "2",
+                "--output-dir",
+                str(out),
+                "--progress",
+                "false",
+                "--preset",
+                "gtpo",
+            ]
+        )
+        == 0
+    )
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2
+    from train.plot import main as plot_main
+
+    assert plot_main([str(out), "-o", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_grpo_preset_loads_reference(tmp_path, capsys):
+    loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=1, eval_k=0, kl_every=0))
+    assert "reference model:" in capsys.readouterr().out
+
+
+def test_lora_and_multiple_epochs(tmp_path):
+    pytest.importorskip("peft")
+    loop.train(tiny_cfg(tmp_path, max_steps=2, lora=True, lora_r=4, ppo_epochs=2, eval_k=0, lr=1e-2), LOSS)
+    steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r.get("event") != "eval"]
+    assert all(r["grad_norm"] > 0 and r["skipped"] == 0 for r in steps)
+    assert steps[-1]["kl_from_init"] > 0

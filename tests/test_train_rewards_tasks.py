@@ -1,0 +1,111 @@
+"""Trainer: answer extraction, rewards and task generation (no model needed)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from train.rewards import answers_match, correctness_reward, extract_answer, format_reward  # noqa: E402
+from train.tasks import LEVELS, ArithmeticTask, JsonlTask, make_task, parse_levels  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("17", "17"),
+        ("The answer is 17.", "17"),
+        ("= 17", "17"),
+        ("17.0", "17.0"),
+        ("12 + 5 = 17", "17"),
+        ("The answer is: 17", "17"),
+        ("so \\boxed{17} is it", "17"),
+        ("work... #### 1,234", "1234"),
+        ("It is -3.", "-3"),
+        ("no number here", None),
+        ("The answer is 17. Check: 17 - 5 = 12", "17"),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, truth, reward",
+    [
+        ("17", 17, 1.0),
+        ("The answer is 17.", "17", 1.0),
+        ("= 17", 17, 1.0),
+        ("17.0", 17, 1.0),
+        ("17.5", 17, 0.0),
+        ("18", 17, 0.0),
+        ("", 17, 0.0),
+        ("1,234", 1234, 1.0),
+        ("0.5", "1/2", 1.0),
+        ("The answer is 7 * 6 = 42", 42, 1.0),
+        ("The answer is 42. 7 * 6 = 42", 42, 1.0),
+    ],
+)
+def test_correctness_reward(text, truth, reward):
+    assert correctness_reward(text, truth) == reward
+
+
+def test_answers_match_edge_cases():
+    assert not answers_match(None, 3)
+    assert answers_match("abc", "abc")
+    assert format_reward("42") == 1.0 and format_reward("The answer is 42.") == 1.0
+    assert format_reward("Let me think step by step about this problem and many other things 42") == 0.0
+
+
+def test_parse_levels():
+    assert parse_levels("3") == [3]
+    assert parse_levels("1-3") == [1, 2, 3]
+    assert parse_levels("1,2,5") == [1, 2, 5]
+    for bad in ("0", "9", "", "2-12"):
+        with pytest.raises(ValueError, match="difficulty"):
+            parse_levels(bad)
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_arithmetic_answers_are_right(level):
+    task = ArithmeticTask(str(level))
+    for p in task.sample(50, random.Random(level)):
+        assert int(p.answer) == eval(p.question)  # noqa: S307 -- our own generated "a op b"
+        assert p.question in p.prompt
+
+
+def test_arithmetic_seeded_and_split():
+    task = ArithmeticTask("2-3", heldout_frac=0.2)
+    a = task.sample(30, random.Random(0))
+    b = task.sample(30, random.Random(0))
+    assert a == b
+    held = task.heldout(100, seed=0)
+    assert held == task.heldout(100, seed=0)
+    assert len({p.question for p in held}) == len(held) == 100
+    train_q = {p.question for p in task.sample(3000, random.Random(1))}
+    assert not train_q & {p.question for p in held}
+
+
+def test_difficulty_levels_grow():
+    def digits(level):
+        return sum(len(p.answer.lstrip("-")) for p in ArithmeticTask(str(level)).sample(200, random.Random(0))) / 200
+
+    assert digits(1) < digits(3) < digits(8)
+
+
+def test_jsonl_task(tmp_path):
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(10)]
+    rows += [{"problem": "1/2 + 1/2?", "solution": "It is $\\boxed{1}$."}, {"junk": 1}]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    task = make_task("gsm8k", data_path=str(path), heldout_frac=0.25)
+    assert isinstance(task, JsonlTask)
+    assert len(task.train) + len(task.test) == 11
+    every = {p.question: p.answer for p in task.train + task.test}
+    assert every["What is 3 plus 3?"] == "6" and every["1/2 + 1/2?"] == "1"
+    assert task.heldout(100, 0) == task.test
+    with pytest.raises(ValueError, match="task"):
+        make_task("nope")

