@@ -149,13 +149,16 @@ if triton is not None:
         return tl.where(ok, zy * inv_temp, 0.0)
 
     @triton.jit
-    def _finalize(m, s, u, zy, ignored):
+    def _finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, lse_ptr, rows, row_ok,
+                        WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr):
+        """Turn the row statistics into logp, entropy, lse (0 on ignored rows) and store the requested ones."""
         log_s = tl.log(s)
         lse = m + log_s
-        logp = tl.where(ignored, 0.0, zy - lse)
-        ent = tl.where(ignored, 0.0, log_s - u / s)
-        lse = tl.where(ignored, 0.0, lse)
-        return logp, ent, lse
+        tl.store(logp_ptr + rows, tl.where(ignored, 0.0, zy - lse), mask=row_ok)
+        if WITH_ENTROPY:
+            tl.store(ent_ptr + rows, tl.where(ignored, 0.0, log_s - u / s), mask=row_ok)
+        if WITH_LSE:
+            tl.store(lse_ptr + rows, tl.where(ignored, 0.0, lse), mask=row_ok)
 
     @triton.jit
     def _linear_logprobs_fwd_kernel(
@@ -198,12 +201,8 @@ if triton is not None:
             if WITH_ENTROPY:
                 tl.store(pu_ptr + off, u, mask=row_ok)
         else:
-            logp, ent, lse = _finalize(m, s, u, zy, tgt == ignore_index)
-            tl.store(logp_ptr + rows, logp, mask=row_ok)
-            if WITH_ENTROPY:
-                tl.store(ent_ptr + rows, ent, mask=row_ok)
-            if WITH_LSE:
-                tl.store(lse_ptr + rows, lse, mask=row_ok)
+            _finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                            WITH_LSE)
 
     @triton.jit
     def _linear_logprobs_merge_kernel(
@@ -232,12 +231,8 @@ if triton is not None:
                 u = a * (u + s * shift) + b * (uk + sk * (mk - m_new))
             s = a * s + b * sk
             m = m_new
-        logp, ent, lse = _finalize(m, s, u, zy, tgt == ignore_index)
-        tl.store(logp_ptr + rows, logp, mask=row_ok)
-        if WITH_ENTROPY:
-            tl.store(ent_ptr + rows, ent, mask=row_ok)
-        if WITH_LSE:
-            tl.store(lse_ptr + rows, lse, mask=row_ok)
+        _finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                        WITH_LSE)
 
     @triton.jit
     def _compact_rows_kernel(keep_ptr, rank_ptr, idx_ptr, N, BLOCK: tl.constexpr):
@@ -376,12 +371,8 @@ if triton is not None:
             hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
             zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
             m, s, u = _online_update(m, s, u, tl.maximum(z, _NEG), WITH_ENTROPY)
-        logp, ent, lse = _finalize(m, s, u, zy, tgt == ignore_index)
-        tl.store(logp_ptr + rows, logp, mask=row_ok)
-        if WITH_ENTROPY:
-            tl.store(ent_ptr + rows, ent, mask=row_ok)
-        if WITH_LSE:
-            tl.store(lse_ptr + rows, lse, mask=row_ok)
+        _finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                        WITH_LSE)
 
     @triton.jit
     def _logprobs_from_logits_bwd_kernel(
