@@ -7,13 +7,12 @@ and driven on CPU tensors. Outputs are poisoned with NaN first so an unwritten r
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from emu_loader import emu_module
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -21,15 +20,6 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not fou
 IGNORE = -100
 TINY = dict(ub_budget=40 * 1024, max_tile=256)  # many UB tiles (and tails) on small shapes
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def emu_module():
-    if "sgrpo_emu" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("sgrpo_emu", ROOT / "csrc" / "emu" / "sgrpo_emu.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["sgrpo_emu"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["sgrpo_emu"]
 
 
 @pytest.fixture(scope="session")

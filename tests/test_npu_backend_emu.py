@@ -7,13 +7,12 @@ skipping, grad_hidden / grad_W / grad_b assembly and the in-place logits backwar
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from emu_loader import emu_module
 
 from sgrpo_kernels import backends
 from sgrpo_kernels.backends import BackendUnavailableError, Options
@@ -24,18 +23,9 @@ IGNORE = -100
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 
 
-def _emu():
-    if "sgrpo_emu" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("sgrpo_emu", ROOT / "csrc" / "emu" / "sgrpo_emu.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["sgrpo_emu"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["sgrpo_emu"]
-
-
 @pytest.fixture(scope="module")
 def emu_kernels():
-    emu = _emu()
+    emu = emu_module()
     return emu.EmuKernels(emu.load(emu.build()), cores=5, ub_budget=48 * 1024, max_tile=512)
 
 
