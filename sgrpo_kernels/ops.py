@@ -44,10 +44,6 @@ def _row_stats_fake(ref: Tensor, n: int, return_entropy: bool, need_lse: bool) -
     )
 
 
-def _maybe(t: Tensor) -> Tensor | None:
-    return t if t.numel() > 0 else None
-
-
 # -------------------------------------------------------------------------------------------------- linear_logprobs
 
 

@@ -3,27 +3,19 @@
 // Launches go through at_npu::native::OpCommand with a custom handler, so they are ordered with the matmuls and other
 // ops that torch_npu has queued on the same stream (a raw <<<>>> launch from here could overtake them).
 // Needs torch + torch_npu headers (C++17 for torch 2.x headers, C++20 with recent torch_npu) and CANN (acl, platform).
-// Not compiled on machines without CANN; see csrc/README.md and csrc/scripts/check_binding_compiles.sh.
+// Not compiled on machines without CANN; see csrc/README.md, csrc/scripts/check_binding_cpu.sh (stub
+// headers) and csrc/scripts/check_binding_torch_npu.sh (the real torch_npu headers).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cstdlib>
 
 #include "acl/acl.h"
+#include "sgrpo_launch.h"
 #include "sgrpo_tiling.h"
 #include "tiling/platform/platform_ascendc.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
-
-extern "C" int sgrpo_logits_stats_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits,
-                                         uint8_t* targets, uint8_t* state, uint8_t* logp, uint8_t* entropy,
-                                         uint8_t* lse, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
-                                         int64_t tile, int64_t flags, float inv_tau, int64_t ignore_index);
-extern "C" int sgrpo_logits_grad_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits, uint8_t* out,
-                                        uint8_t* targets, uint8_t* lse, uint8_t* entropy, uint8_t* grad_logp,
-                                        uint8_t* grad_entropy, int64_t n_rows, int64_t ld_in, int64_t ld_out,
-                                        int64_t vocab, int64_t v0, int64_t tile, int64_t flags, float inv_tau,
-                                        int64_t ignore_index);
 
 namespace sgrpo_npu {
 namespace {

@@ -7,6 +7,7 @@
 // Used for logprobs_from_logits backward (whole rows) and, per [N, Vc] chunk with column offset v0, for the LM-head
 // backward, where the host then runs grad_hidden += dZ @ W_c and grad_W_c = dZ^T @ h on the cube unit.
 #include "sgrpo_kernel_common.h"
+#include "sgrpo_launch.h"
 
 using namespace AscendC;
 

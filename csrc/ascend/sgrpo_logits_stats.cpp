@@ -8,6 +8,7 @@
 // Finalize (last chunk): lse = M + ln s,  entropy = ln s - t / s,  logp = z_y - lse; ignore_index rows give 0.
 // Rows are split over the AIV cores (CoreRows), a row streams through UB in `tile` elements, double buffered.
 #include "sgrpo_kernel_common.h"
+#include "sgrpo_launch.h"
 
 using namespace AscendC;
 

@@ -31,6 +31,7 @@ HEADERS = [
     CSRC / "emu" / "kernel_operator.h",
     CSRC / "ascend" / "sgrpo_tiling.h",
     CSRC / "ascend" / "sgrpo_kernel_common.h",
+    CSRC / "ascend" / "sgrpo_launch.h",
 ]
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # Flags, as in csrc/ascend/sgrpo_tiling.h.
