@@ -1,0 +1,142 @@
+"""The CUDA benchmark script, run end to end on CPU at a tiny shape (`--device cpu`).
+
+No timing is checked here (speed is the benchmark's business, not a unit test's). What is checked: the script runs
+every provider that can run here, including the peers' adapters when Liger-Kernel / cut-cross-entropy are installed
+(the `bench` extra), each provider passes the script's own float64 correctness gate in all three modes, the CSV has
+exactly the issue's columns, and a provider that is wrong is left out of the table instead of being reported.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_gpu  # noqa: E402
+
+ISSUE_COLUMNS = ("device,provider,mode,M,D,V,dtype,zero_grad_frac,ms_median,ms_p20,ms_p80,tflops,peak_mem_gb,"
+                 "versions,git_sha").split(",")
+SHAPE = "40x24x150"  # V not a multiple of any block size; M small enough for the Triton interpreter
+MODES = [("fwd", "0.0"), ("fwd+bwd", "0.0"), ("fwd+bwd", "0.5")]
+
+
+def _providers() -> list[str]:
+    out = ["reference", "torch"]
+    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+        out.append("triton")
+    if importlib.util.find_spec("liger_kernel") is not None:
+        out += ["liger_flce", "liger_scaled_ce"]
+    if importlib.util.find_spec("cut_cross_entropy") is not None:
+        out.append("cce")
+    return out
+
+
+def _run(tmp_path: Path, providers: list[str], *extra: str) -> tuple[int, list[dict], str]:
+    prefix = tmp_path / "gpu"
+    rc = bench_gpu.main(["--device", "cpu", "--shapes", SHAPE, "--dtype", "float32", "--repeats", "1",
+                         "--warmup", "0", "--providers", ",".join(providers), "--out", str(prefix), *extra])
+    rows = []
+    if prefix.with_suffix(".csv").exists():
+        with open(prefix.with_suffix(".csv"), newline="") as f:
+            reader = csv.DictReader(f)
+            assert reader.fieldnames == ISSUE_COLUMNS
+            rows = list(reader)
+    md = prefix.with_suffix(".md").read_text() if prefix.with_suffix(".md").exists() else ""
+    return rc, rows, md
+
+
+def test_every_provider_runs_and_passes_the_gate(tmp_path):
+    providers = _providers()
+    rc, rows, md = _run(tmp_path, providers)
+    assert rc == 0
+    got = {(r["provider"], r["mode"], r["zero_grad_frac"]) for r in rows}
+    missing = [(p, m, z) for p in providers for m, z in MODES if (p, m, z) not in got]
+    assert not missing, f"rows missing: {missing}\n{md}"
+    assert "NOT REPORTED" not in md and "failed" not in md, md
+    for r in rows:
+        assert (int(r["M"]), int(r["D"]), int(r["V"])) == (40, 24, 150)
+        assert r["dtype"] == "float32"
+        med, p20, p80 = float(r["ms_median"]), float(r["ms_p20"]), float(r["ms_p80"])
+        assert 0 < p20 <= med <= p80
+        assert r["git_sha"] and r["versions"].startswith("torch")
+
+
+def test_a_wrong_provider_is_not_reported(tmp_path, monkeypatch):
+    """The correctness gate can fail: a provider whose log-probs are off by 0.05 gets no row, only a note."""
+    from sgrpo_kernels import reference as ref
+
+    real = bench_gpu._provider_fn
+
+    def provider_fn(name):
+        if name == "torch":
+            def off(h, w, t):
+                logp, ent = ref.linear_logprobs(h, w, t, ignore_index=bench_gpu.IGNORE)
+                return logp + 0.05, ent
+            return off
+        return real(name)
+
+    monkeypatch.setattr(bench_gpu, "_provider_fn", provider_fn)
+    rc, rows, md = _run(tmp_path, ["reference", "torch"], "--modes", "fwd")
+    assert rc == 0
+    assert [r["provider"] for r in rows] == ["reference"]
+    assert "torch 40x24x150 fwd zero=0.0: NOT REPORTED, failed the check" in md
+
+
+def test_a_wrong_gradient_is_not_reported(tmp_path, monkeypatch):
+    """Right log-probs, wrong grad_hidden (entropy gradient dropped): caught in fwd+bwd, fine in fwd."""
+    from sgrpo_kernels import reference as ref
+
+    real = bench_gpu._provider_fn
+
+    class _NoEntropyGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.zeros_like(g)
+
+    def provider_fn(name):
+        if name == "torch":
+            def off(h, w, t):
+                logp, ent = ref.linear_logprobs(h, w, t, ignore_index=bench_gpu.IGNORE)
+                return logp, _NoEntropyGrad.apply(ent)
+            return off
+        return real(name)
+
+    monkeypatch.setattr(bench_gpu, "_provider_fn", provider_fn)
+    rc, rows, md = _run(tmp_path, ["torch"], "--modes", "fwd,fwd+bwd")
+    assert rc == 0
+    assert [(r["provider"], r["mode"]) for r in rows] == [("torch", "fwd")]
+    assert "torch 40x24x150 fwd+bwd zero=0.0: NOT REPORTED" in md
+
+
+def test_no_cuda_means_a_clear_exit(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert bench_gpu.main(["--providers", "reference"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--providers", "reference,liger"], "--providers: unknown liger"),
+    (["--shapes", "8192x4096"], "--shapes: '8192x4096' is not MxDxV"),
+    (["--shapes", "8x0x16"], "--shapes: '8x0x16' is not MxDxV"),
+    (["--modes", "fwd+bwd@1.5"], "--modes: 'fwd+bwd@1.5'"),
+    (["--modes", "fwd@0.5"], "--modes: 'fwd@0.5'"),
+    (["--modes", "bwd"], "--modes: 'bwd'"),
+])
+def test_bad_arguments_name_the_flag(args, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main(args)  # no --device: the arguments are checked before CUDA is looked for
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
