@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The Triton backend's GPU checks and benchmark, in as few calls as a short GPU lease allows. From the repository root
+# on a CUDA machine (no network needed; the package is pure Python and is used from the checkout):
+#
+#   bash benchmarks/gpu_session.sh tests   # gpu-marked tests, then the shared op suite on CUDA   -> pytest_*.log
+#   bash benchmarks/gpu_session.sh bench   # benchmarks/bench_gpu.py, both issue shapes, 3 modes  -> gpu.{csv,md,png}
+#   bash benchmarks/gpu_session.sh all     # both, in that order
+#
+# Output goes to $OUT when it is set (the device tool's return folder), else benchmarks/results/. Every step appends
+# the versions it ran with to env.txt there. Peers (Liger-Kernel, cut-cross-entropy, and for Liger's sm_90 scaled CE
+# nvidia-cutlass-dsl + apache-tvm-ffi) are installed from wheels in .wheels/ when that folder exists:
+#   pip download --no-deps -d .wheels liger-kernel==0.8.5 cut-cross-entropy==25.1.1
+# A step that fails does not stop the next one; the script exits non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+what=${1:-all}
+case "$what" in tests|bench|all) ;; *) echo "usage: $0 tests|bench|all" >&2; exit 2 ;; esac
+out=${OUT:-benchmarks/results}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET  # the real kernels, on the GPU
+status=0
+if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_session.sh: $py sees no CUDA device; nothing to run here (the CPU suite is the README's test command)" >&2
+  exit 2
+fi
+
+if compgen -G ".wheels/*.whl" >/dev/null; then
+  "$py" -m pip install -q --no-deps --no-index .wheels/*.whl || echo "warning: peer wheels did not install" >&2
+fi
+
+{
+  echo "== $(date -u +%FT%TZ) gpu_session.sh $what, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
+  "$py" - <<'EOF'
+import importlib.metadata as md
+import torch
+print("python", __import__("sys").version.split()[0], "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name(0),
+      "sm_%d%d" % torch.cuda.get_device_capability(0))
+for name in ("torch", "triton", "numpy", "hypothesis", "liger-kernel", "cut-cross-entropy", "nvidia-cutlass-dsl"):
+    try:
+        print(f"  {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"  {name} (not installed)")
+EOF
+} >>"$out/env.txt" 2>&1
+tail -n 12 "$out/env.txt"
+
+step() {  # step NAME CMD...: run, tee the log, remember a failure
+  local name=$1; shift
+  echo "== $name: $*"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/env.txt"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+if [ "$what" != bench ]; then
+  # 1. the tests that only run on a GPU: real shapes (D=4096, V=131072 / 151936, bf16) vs float64 on sampled rows,
+  #    determinism, zero-gradient skipping == dense, 1M rows.
+  step pytest_gpu "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_backend.py
+  # 2. the shared op suite (forward, every gradient, bad inputs) with its cuda-torch / cuda-triton parametrizations.
+  step pytest_cuda "$py" -m pytest -q -p no:cacheprovider -k cuda tests/test_ops.py tests/test_op_contract.py
+fi
+if [ "$what" != tests ]; then
+  step bench_gpu "$py" benchmarks/bench_gpu.py --out "$out/gpu"
+fi
+exit $status
