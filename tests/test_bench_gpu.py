@@ -29,11 +29,13 @@ MODES = [("fwd", "0.0"), ("fwd+bwd", "0.0"), ("fwd+bwd", "0.5")]
 
 
 def _providers() -> list[str]:
-    out = ["reference", "torch"]
-    if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
-        out.append("triton")
+    """Everything that can run on CPU here. Liger's fused linear CE is Triton-only: it needs a working interpreter."""
+    from sgrpo_kernels import backends
+
+    interp = os.environ.get("TRITON_INTERPRET") == "1" and backends.available_backends().get("triton") == "available"
+    out = ["reference", "torch"] + (["triton"] if interp else [])
     if importlib.util.find_spec("liger_kernel") is not None:
-        out += ["liger_flce", "liger_scaled_ce"]
+        out += (["liger_flce"] if interp else []) + ["liger_scaled_ce"]
     if importlib.util.find_spec("cut_cross_entropy") is not None:
         out.append("cce")
     return out

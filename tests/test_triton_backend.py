@@ -292,3 +292,18 @@ def test_gpu_one_million_rows(tb):
     lp, en, _ = tb.logprobs_from_logits_fwd(z, t.clamp(max=127), Options())
     lr, er = ref.logprobs_from_logits(z[rows].double(), t.clamp(max=127)[rows], out_dtype=None)
     torch.testing.assert_close(lp[rows].double(), lr, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("triton_v, numpy_v, ok", [
+    ("3.6.0", "2.4.6", False), ("3.5.1", "2.5.0", False), ("3.6.0", "2.3.5", True), ("3.7.0", "2.4.6", True),
+    ("3.9.0", "2.5.2", True), ("3.6.0+git1234", "2.4.0rc1", False),
+])
+def test_interpreter_numpy_compatibility_is_explained(triton_v, numpy_v, ok):
+    """Triton <= 3.6's interpreter fails with numpy >= 2.4 deep inside a kernel (measured: triton 3.6.0 + numpy 2.4.6
+    raises 'only 0-dimensional arrays can be converted'); the backend reports that combination up front instead."""
+    from sgrpo_kernels.backends import triton_backend
+
+    why = triton_backend._interpreter_problem(triton_v, numpy_v)
+    assert (why == "") == ok
+    if not ok:
+        assert f"triton {triton_v}" in why and "numpy < 2.4" in why and "triton>=3.7" in why

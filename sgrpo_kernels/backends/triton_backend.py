@@ -67,11 +67,32 @@ FORCE_SPLITS: int | None = None
 POISON = False
 
 
+def _version(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def _interpreter_problem(triton_version: str, numpy_version: str) -> str:
+    """Why this triton's interpreter cannot run our kernels with this numpy ("" when it can). Triton <= 3.6 turns
+    1-element arrays into Python ints (loop bounds), which numpy >= 2.4 refuses; triton 3.7+ does not."""
+    if _version(triton_version) < (3, 7) and _version(numpy_version) >= (2, 4):
+        return (f"TRITON_INTERPRET=1 with triton {triton_version} needs numpy < 2.4 (found numpy {numpy_version}: "
+                "its interpreter converts 1-element arrays to int, an error since numpy 2.4); "
+                "install 'numpy<2.4' or 'triton>=3.7'")
+    return ""
+
+
 def is_available() -> tuple[bool, str]:
     if triton is None:
         return False, f"triton is not importable: {_IMPORT_ERROR}"
     if _INTERPRET:
-        return True, ""
+        import numpy
+
+        problem = _interpreter_problem(triton.__version__, numpy.__version__)
+        return (False, problem) if problem else (True, "")
     if not torch.cuda.is_available():
         return False, "no CUDA device (set TRITON_INTERPRET=1 to run the kernels on CPU tensors in the interpreter)"
     return True, ""
