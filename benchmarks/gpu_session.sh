@@ -3,11 +3,12 @@
 # on a CUDA machine (no network needed; the package is pure Python and is used from the checkout):
 #
 #   bash benchmarks/gpu_session.sh tests   # gpu-marked tests, then the shared op suite on CUDA   -> pytest_*.log
-#   bash benchmarks/gpu_session.sh bench   # benchmarks/bench_gpu.py, both issue shapes, 3 modes  -> gpu.{csv,md,png}
+#   bash benchmarks/gpu_session.sh bench   # bench_gpu.py (both issue shapes, 3 modes) -> gpu.{csv,md,png}, then
+#                                          # profile_gpu.py's kernel breakdowns (fwd, fwd+bwd, 50% zero) -> profile.log
 #   bash benchmarks/gpu_session.sh all     # both, in that order
 #
-# Output goes to $OUT when it is set (the device tool's return folder), else benchmarks/results/. Every step appends
-# the versions it ran with to env.txt there. Peers (Liger-Kernel, cut-cross-entropy, and for Liger's sm_90 scaled CE
+# Output goes to $OUT when it is set (the device tool's return folder, 8 files at most: `all` writes 8), else
+# benchmarks/results/; env.txt there collects the versions and each step's exit status. Peers (Liger-Kernel, cut-cross-entropy, and for Liger's sm_90 scaled CE
 # nvidia-cutlass-dsl + apache-tvm-ffi) are installed from wheels in .wheels/ when that folder exists:
 #   pip download --no-deps -d .wheels liger-kernel==0.8.5 cut-cross-entropy==25.1.1
 # A step that fails does not stop the next one; the script exits non-zero if any failed.
@@ -67,5 +68,10 @@ if [ "$what" != bench ]; then
 fi
 if [ "$what" != tests ]; then
   step bench_gpu "$py" benchmarks/bench_gpu.py --out "$out/gpu"
+  # kernel-by-kernel breakdown at the issue's H100 target shape, dense and with half the rows at zero gradient
+  tmp=$(mktemp -d)
+  step profile bash -c "'$py' benchmarks/profile_gpu.py --out '$tmp/dense.md' && \
+    '$py' benchmarks/profile_gpu.py --zero-frac 0.5 --out '$tmp/zero50.md' && \
+    '$py' benchmarks/profile_gpu.py --mode fwd --out '$tmp/fwd.md'"
 fi
 exit $status

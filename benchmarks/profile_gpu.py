@@ -1,0 +1,142 @@
+"""Where the time of one fused LM-head call goes, kernel by kernel (torch.profiler), for tuning the Triton backend.
+
+    python benchmarks/profile_gpu.py                                   # 8192x4096x131072 bf16, triton, fwd+bwd
+    python benchmarks/profile_gpu.py --shape 8192x2304x256000 --zero-frac 0.5 --backend triton
+
+Runs --warmup calls, then profiles --repeats calls of forward + backward (or forward only with --mode fwd) and prints
+a table of device kernels: calls, total and mean time, share of the profiled time, and for the kernels whose work is
+a known product (the linear forward, the backward's dZ / grad_h / grad_W kernels) their TFLOP/s, counting active rows
+only for the backward. Writes the table to --out (markdown) as well.
+
+On CPU (`--device cpu`, with TRITON_INTERPRET=1 for triton) the same table is built from CPU operator self-times: a
+smoke test of the script, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from common import RESULTS, git_sha, markdown_table, versions  # noqa: E402
+
+IGNORE = -100
+
+# kernel-name fragment -> FLOPs per call as a function of (M_active, D, V); fwd counts all rows
+_FLOPS = {
+    "_linear_logprobs_fwd_kernel": lambda m, m_act, d, v: 2 * m * d * v,
+    "_linear_logprobs_bwd_dz_kernel": lambda m, m_act, d, v: 2 * m_act * d * v,
+    "_linear_logprobs_bwd_dh_kernel": lambda m, m_act, d, v: 2 * m_act * d * v,
+    "_linear_logprobs_bwd_dw_kernel": lambda m, m_act, d, v: 2 * m_act * d * v,
+}
+
+
+def _parse_shape(ap: argparse.ArgumentParser, text: str) -> tuple[int, int, int]:
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        ap.error(f"--shape: {text!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
+    m, d, v = (int(p) for p in parts)
+    return m, d, v
+
+
+def kernel_table(events, cuda: bool, M: int, M_active: int, D: int, V: int, repeats: int) -> list[dict]:
+    """Aggregate profiler events into rows: name, calls (per profiled call), ms per call, share, TFLOP/s."""
+    agg: dict[str, list[float]] = {}
+    for e in events:
+        if cuda:
+            t = getattr(e, "device_time_total", None)
+            if t is None:  # older torch
+                t = e.cuda_time_total
+            if getattr(e, "device_type", None) is not None and "CUDA" not in str(e.device_type):
+                continue
+        else:
+            t = e.self_cpu_time_total
+        if t <= 0:
+            continue
+        acc = agg.setdefault(e.key, [0, 0.0])
+        acc[0] += e.count
+        acc[1] += t / 1e3  # us -> ms
+    total = sum(ms for _, ms in agg.values()) or 1.0
+    rows = []
+    for name, (count, ms) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        per_call = ms / repeats
+        tflops = ""
+        for frag, f in _FLOPS.items():
+            if frag in name and per_call > 0:
+                tflops = round(f(M, M_active, D, V) / (per_call * 1e-3) / 1e12, 1)
+        rows.append(dict(kernel=name[:90], calls=round(count / repeats, 2), ms_per_call=round(per_call, 3),
+                         share=f"{100 * ms / total:.1f}%", tflops=tflops))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="8192x4096x131072", help="MxDxV")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--backend", default="triton", choices=["triton", "torch"])
+    ap.add_argument("--mode", default="fwd+bwd", choices=["fwd", "fwd+bwd"])
+    ap.add_argument("--zero-frac", type=float, default=0.0, help="fraction of rows with zero upstream gradients")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3, help="calls before profiling (autotuning happens here)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke test of the script")
+    ap.add_argument("--out", default=str(RESULTS / "profile_gpu.md"))
+    args = ap.parse_args(argv)
+    M, D, V = _parse_shape(ap, args.shape)
+    if not 0.0 <= args.zero_frac < 1.0:
+        ap.error(f"--zero-frac: {args.zero_frac} is not in [0, 1)")
+    if args.repeats < 1 or args.warmup < 0:
+        ap.error("--repeats must be >= 1 and --warmup >= 0")
+    if args.mode == "fwd" and args.zero_frac:
+        ap.error("--zero-frac only applies to --mode fwd+bwd")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("profile_gpu.py: no CUDA device here, nothing profiled.", file=sys.stderr)
+        return 2
+
+    import bench_gpu
+
+    import sgrpo_kernels as sk
+
+    dtype = getattr(torch, args.dtype)
+    hidden, weight, targets, g_logp, g_ent = bench_gpu._setup(M, D, V, dtype, device, args.zero_frac)
+    m_active = int(((g_logp != 0) | (g_ent != 0)).sum())
+
+    def fn(h, w, t):
+        return sk.linear_logprobs(h, w, t, ignore_index=IGNORE, backend=args.backend)
+
+    call = bench_gpu._make_call(fn, args.mode, hidden, weight, targets, g_logp, g_ent)
+    for _ in range(args.warmup):
+        call()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(args.repeats):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+    rows = kernel_table(prof.key_averages(), cuda, M, m_active, D, V, args.repeats)
+    if not rows:
+        print("profile_gpu.py: the profiler recorded no events", file=sys.stderr)
+        return 1
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu (smoke test: operator self-times)"
+    head = (f"# Kernel time breakdown: {args.backend}, {args.mode}, M={M} D={D} V={V} {args.dtype}, "
+            f"zero_grad_frac={args.zero_frac} ({m_active} active rows)")
+    md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "",
+          f"`python benchmarks/profile_gpu.py --shape {M}x{D}x{V} --dtype {args.dtype} --backend {args.backend} "
+          f"--mode {args.mode} --zero-frac {args.zero_frac} --repeats {args.repeats}`", "",
+          markdown_table(rows, ["kernel", "calls", "ms_per_call", "share", "tflops"]), ""]
+    text = "\n".join(md)
+    print(text)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

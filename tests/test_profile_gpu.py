@@ -1,0 +1,57 @@
+"""benchmarks/profile_gpu.py: the aggregation (with fake CUDA profiler events) and a CPU smoke run of the script."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import profile_gpu  # noqa: E402
+
+
+def _ev(key, device_type, t_us, count=1, self_cpu=0.0):
+    return SimpleNamespace(key=key, device_type=device_type, device_time_total=t_us, count=count,
+                           self_cpu_time_total=self_cpu)
+
+
+def test_kernel_table_counts_device_kernels_only_and_computes_tflops():
+    M, D, V, reps = 8192, 4096, 131072, 2
+    events = [
+        # a CPU op whose device time is the sum of its kernels: must not be counted twice
+        _ev("sgrpo::linear_logprobs_fwd", "DeviceType.CPU", 40_000.0, count=2),
+        _ev("_linear_logprobs_fwd_kernel", "DeviceType.CUDA", 30_000.0, count=2),     # 15 ms per call
+        _ev("_linear_logprobs_bwd_dw_kernel", "DeviceType.CUDA", 10_000.0, count=32),  # 5 ms per call
+        _ev("_compact_rows_kernel", "DeviceType.CUDA", 0.0, count=2),                  # no time: dropped
+    ]
+    rows = profile_gpu.kernel_table(events, True, M, M // 2, D, V, reps)
+    assert [r["kernel"] for r in rows] == ["_linear_logprobs_fwd_kernel", "_linear_logprobs_bwd_dw_kernel"]
+    fwd, dw = rows
+    assert fwd["ms_per_call"] == 15.0 and fwd["calls"] == 1.0 and fwd["share"] == "75.0%"
+    assert fwd["tflops"] == round(2 * M * D * V / 15e-3 / 1e12, 1)
+    assert dw["calls"] == 16.0 and dw["tflops"] == round(2 * (M // 2) * D * V / 5e-3 / 1e12, 1)  # active rows only
+
+
+def test_cpu_smoke_run_writes_the_table(tmp_path):
+    out = tmp_path / "p.md"
+    rc = profile_gpu.main(["--device", "cpu", "--backend", "torch", "--shape", "24x16x100", "--dtype", "float32",
+                           "--repeats", "1", "--warmup", "0", "--zero-frac", "0.5", "--out", str(out)])
+    assert rc == 0
+    text = out.read_text()
+    assert "M=24 D=16 V=100" in text and "(12 active rows)" in text
+    assert "sgrpo::linear_logprobs_bwd" in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--shape", "8x8"], "--shape: '8x8' is not MxDxV"),
+    (["--zero-frac", "1.0"], "--zero-frac: 1.0 is not in [0, 1)"),
+    (["--mode", "fwd", "--zero-frac", "0.5"], "--zero-frac only applies"),
+])
+def test_bad_arguments_name_the_flag(args, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        profile_gpu.main(args)
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
