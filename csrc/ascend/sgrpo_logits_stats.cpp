@@ -195,6 +195,10 @@ class LogitsStatsKernel {
         logp.SetValue(i, 0.0f);
         ent.SetValue(i, 0.0f);
         lse.SetValue(i, 0.0f);
+      } else {
+        // log p <= 0 and H >= 0 exactly, whatever the rounding of the hardware Ln on a confident row (s ~ 1)
+        if (logp.GetValue(i) > 0.0f) logp.SetValue(i, 0.0f);
+        if (ent.GetValue(i) < 0.0f) ent.SetValue(i, 0.0f);
       }
     }
     PipeSync<HardEvent::S_MTE3>();

@@ -172,12 +172,14 @@ if triton is not None:
     @triton.jit
     def _finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, lse_ptr, rows, row_ok,
                         WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr):
-        """Turn the row statistics into logp, entropy, lse (0 on ignored rows) and store the requested ones."""
+        """Turn the row statistics into logp, entropy, lse (0 on ignored rows) and store the requested ones.
+        logp <= 0 and H >= 0 hold exactly: z_y comes from a row-wise dot, lse from the tiles' tensor-core sums, and on
+        a confident row (p ~ 1) their different summation orders would otherwise give log p ~ +1e-5."""
         log_s = tl.log(s)
         lse = m + log_s
-        tl.store(logp_ptr + rows, tl.where(ignored, 0.0, zy - lse), mask=row_ok)
+        tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.minimum(zy - lse, 0.0)), mask=row_ok)
         if WITH_ENTROPY:
-            tl.store(ent_ptr + rows, tl.where(ignored, 0.0, log_s - u / s), mask=row_ok)
+            tl.store(ent_ptr + rows, tl.where(ignored, 0.0, tl.maximum(log_s - u / s, 0.0)), mask=row_ok)
         if WITH_LSE:
             tl.store(lse_ptr + rows, tl.where(ignored, 0.0, lse), mask=row_ok)
 
