@@ -307,3 +307,33 @@ def test_interpreter_numpy_compatibility_is_explained(triton_v, numpy_v, ok):
     assert (why == "") == ok
     if not ok:
         assert f"triton {triton_v}" in why and "numpy < 2.4" in why and "triton>=3.7" in why
+
+
+@pytest.mark.parametrize("value, enabled", [(None, True), ("1", True), ("0", False), ("off", False), ("False", False)])
+def test_autotune_switch(monkeypatch, value, enabled):
+    from sgrpo_kernels.backends import triton_backend
+
+    if value is None:
+        monkeypatch.delenv(triton_backend.ENV_AUTOTUNE, raising=False)
+    else:
+        monkeypatch.setenv(triton_backend.ENV_AUTOTUNE, value)
+    assert triton_backend._autotune_enabled() is enabled
+
+
+@pytest.mark.parametrize("hopper", [True, False])
+@pytest.mark.parametrize("fp32", [True, False])
+def test_fixed_config_is_the_first_autotune_candidate(hopper, fp32):
+    """SGRPO_TRITON_AUTOTUNE=0 runs each kernel with the first config autotuning would try (built without a GPU)."""
+    from sgrpo_kernels.backends import triton_backend as tb
+
+    lists = {
+        "fwd": tb._tile_configs(hopper, fp32=fp32),
+        "dz": tb._tile_configs(hopper, epilogue_heavy=True, fp32=fp32),
+        "dh": tb._gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", fp32),
+        "dw": tb._gemm_configs(hopper, "BLOCK_V", "BLOCK_D", "BLOCK_K", fp32),
+        "logits_fwd": tb._logits_fwd_configs(),
+    }
+    for name, configs in lists.items():
+        cfg = tb._fixed_config(name, hopper, fp32)
+        first = configs[0]
+        assert (cfg.kwargs, cfg.num_warps, cfg.num_stages) == (first.kwargs, first.num_warps, first.num_stages), name

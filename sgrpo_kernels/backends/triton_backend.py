@@ -525,10 +525,33 @@ def _tuned(name: str, hopper: bool, fp32: bool):
     raise KeyError(name)
 
 
+# Env SGRPO_TRITON_AUTOTUNE=0: every kernel runs its first listed config instead of autotuning. For test suites that
+# call the kernels at many small shapes (each new shape would otherwise compile and time every config); timings and
+# benchmarks keep autotuning.
+ENV_AUTOTUNE = "SGRPO_TRITON_AUTOTUNE"
+
+
+def _autotune_enabled() -> bool:
+    return os.environ.get(ENV_AUTOTUNE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@functools.cache
+def _fixed_config(name: str, hopper: bool, fp32: bool) -> triton.Config:
+    """The config a kernel runs with when autotuning is off: the first of the list _tuned would search."""
+    return _tuned(name, hopper, fp32).configs[0]
+
+
 def _launch(name: str, kernel, grid, ref: torch.Tensor, interp_meta: dict, *args, **kwargs) -> None:
-    """Autotuned launch on a GPU; the one interpreter config otherwise. `grid(meta)` gets the block sizes."""
+    """Autotuned launch on a GPU (a fixed config with SGRPO_TRITON_AUTOTUNE=0); the one interpreter config otherwise.
+    `grid(meta)` gets the block sizes."""
     if _on_gpu(ref):
-        _tuned(name, _is_hopper(ref.device), ref.dtype == torch.float32)[grid](*args, **kwargs)
+        hopper, fp32 = _is_hopper(ref.device), ref.dtype == torch.float32
+        if _autotune_enabled():
+            _tuned(name, hopper, fp32)[grid](*args, **kwargs)
+        else:
+            cfg = _fixed_config(name, hopper, fp32)
+            kernel[grid(cfg.kwargs)](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
+                                     num_stages=cfg.num_stages)
     else:
         kernel[grid(interp_meta)](*args, **kwargs, **interp_meta)
 
