@@ -142,3 +142,34 @@ def test_bad_arguments_name_the_flag(args, needle, capsys):
         bench_gpu.main(args)  # no --device: the arguments are checked before CUDA is looked for
     assert exc.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def _row(provider, mode, zero, ms, tflops, peak, shape=(8192, 4096, 131072)):
+    m, d, v = shape
+    return dict(provider=provider, mode=mode, zero_grad_frac=zero, ms_median=ms, tflops=tflops, peak_mem_gb=peak,
+                M=m, D=d, V=v, dtype="bfloat16")
+
+
+def test_targets_report_checks_the_issue_bars():
+    grads = (8192 * 4096 + 131072 * 4096) * 2 / 2**30  # 1.0625 GB of bf16 gradients
+    rows = [
+        _row("reference", "fwd+bwd", 0.0, 120.0, 290.0, grads + 30.0),
+        _row("triton", "fwd", 0.0, 13.0, 676.6, 0.1),
+        _row("triton", "fwd+bwd", 0.0, 60.0, 586.4, grads + 0.5),   # 0.5 / 30 = 1.67% of the reference
+        _row("triton", "fwd+bwd", 0.5, 40.0, 879.6, grads + 0.5),   # 0.667x: misses 0.65x
+    ]
+    text = "\n".join(bench_gpu.targets_report(rows))
+    assert "| forward-only TFLOP/s (2MDV/t) | 676.6 | >= 650 | yes |" in text
+    assert "| fwd+bwd TFLOP/s (8MDV/t) | 586.4 | >= 600 | NO |" in text
+    assert "0.500 / 30.000 GB = 1.67% | <= 2% | yes |" in text
+    assert "| fwd+bwd time, 50% zero-gradient rows vs dense | 0.667x | <= 0.65x | NO |" in text
+
+
+def test_targets_report_absolute_bars_only_at_the_issue_shape():
+    shape = (8192, 2304, 256000)
+    rows = [_row("triton", "fwd", 0.0, 10.0, 100.0, 0.1, shape),
+            _row("triton", "fwd+bwd", 0.0, 50.0, 100.0, 9.0, shape),
+            _row("triton", "fwd+bwd", 0.5, 25.0, 200.0, 9.0, shape)]
+    text = "\n".join(bench_gpu.targets_report(rows))
+    assert "TFLOP/s" not in text and "0.500x | <= 0.65x | yes" in text
+    assert bench_gpu.targets_report([_row("reference", "fwd", 0.0, 1.0, 1.0, 1.0)]) == []
