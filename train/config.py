@@ -173,11 +173,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _explicit_flags(argv: list[str] | None) -> set[str]:
+    """The dests the user actually typed, even when the value typed equals the default (`--time-budget-s 0` must
+    beat a run preset's 480): a second parse in which no option has a default."""
+    quiet = build_parser()
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     """CLI -> (TrainConfig, LossConfig overrides). Precedence: dataclass default < --run-preset < explicit flag."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    explicit = {k for k, v in vars(args).items() if v != parser.get_default(k)}
+    explicit = _explicit_flags(argv)
     values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
     for key, value in RUN_PRESETS[args.run_preset].items():
         if key not in explicit:

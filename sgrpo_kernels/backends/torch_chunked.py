@@ -247,7 +247,8 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     grad_h = torch.zeros(na, d, device=h.device, dtype=cdt) if need_h else None
     # fp32/fp64 weights accumulate straight into grad_weight; low precision goes through an fp32 chunk accumulator
     grad_w = (torch.zeros_like(weight) if not cast_w else torch.empty_like(weight)) if need_w else None
-    grad_b = torch.zeros_like(bias) if (bias is not None and need_w) else None
+    # grad_bias accumulates in the compute dtype (fp32 for low precision) across row tiles, cast once at the end
+    grad_b = torch.zeros(vocab, device=h.device, dtype=cdt) if (bias is not None and need_w) else None
     col_bytes = (2 * d * _elem_bytes(cdt) if cast_w else 0) if need_w else (d * _elem_bytes(cdt) if cast_w else 0)
     rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt), col_bytes)
     tiles = _Tiles(min(rows_per_tile, max(na, 1)), min(v_chunk, vocab), h.device, cdt)
@@ -269,11 +270,11 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
             if need_w:
                 gw.addmm_(dz.T, h[sl])
                 if grad_b is not None:
-                    grad_b[v0:v1] += dz.sum(dim=0).to(grad_b.dtype)
+                    grad_b[v0:v1] += dz.sum(dim=0)
         if need_w and cast_w:
             grad_w[v0:v1] = gw
     grad_hidden = _scatter_rows(grad_h, idx, n).to(hidden.dtype) if need_h else None
-    return grad_hidden, grad_w, grad_b
+    return grad_hidden, grad_w, grad_b.to(bias.dtype) if grad_b is not None else None
 
 
 # ----------------------------------------------------------------------------------------------------------- logits
