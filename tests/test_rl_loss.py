@@ -427,3 +427,15 @@ def test_positive_only_holds_after_the_entropy_shift():
     loss, _ = rl.policy_loss(logp, torch.tensor([-1.0, 0.0], dtype=torch.float64), torch.ones(2, 3), cfg, entropy=ent)
     (g,) = torch.autograd.grad(loss, logp)
     assert (g == 0).all()
+
+
+def test_entropy_bonus_denominator_counts_inactive_valid_tokens():
+    """The bonus sums H over active tokens but divides like the policy term (valid tokens): 2 active of 4 valid
+    tokens with H = 1 give agg = 0.5, and the zero-weight tokens get no entropy gradient."""
+    ent = torch.ones(1, 4, requires_grad=True)
+    loss, metrics = rl.policy_loss(torch.zeros(1, 4, requires_grad=True), torch.tensor([1.0]),
+                                   torch.ones(1, 4, dtype=torch.bool), rl.LossConfig(entropy_coef=1.0),
+                                   entropy=ent, token_weights=torch.tensor([[1.0, 1.0, 0.0, 0.0]]))
+    assert float(metrics["entropy_loss"]) == pytest.approx(-0.5)
+    loss.backward()
+    assert ent.grad[0, 2:].eq(0).all() and ent.grad[0, :2].ne(0).all()

@@ -62,10 +62,12 @@ class LossConfig:
         positive_only: negative advantages set to 0 (policy term only updates positive completions).
 
     Entropy (H from ``linear_logprobs``; differentiable terms use H, selections use detached H). The entropy terms
-    average over *active* tokens only (valid, non-zero weight, not filtered), so every inactive token gets exactly zero
+    sum over *active* tokens only (valid, non-zero weight, not filtered), so every inactive token gets exactly zero
     gradient:
-        entropy_coef: bonus, ``loss -= entropy_coef * agg(H)`` with the same ``loss_agg`` (verl); negative values
-        penalize entropy (the GTPO paper's :math:`+\gamma\langle H\rangle`).
+        entropy_coef: bonus, ``loss -= entropy_coef * agg(H)`` with the same ``loss_agg`` and the same denominators as
+        the policy term (verl), i.e. valid tokens: inactive tokens add 0 to the numerator but still count, so the
+        bonus shrinks with the masked / filtered fraction exactly as the policy term does. Negative values penalize
+        entropy (the GTPO paper's :math:`+\gamma\langle H\rangle`).
         entropy_floor / entropy_ceiling / entropy_penalty_coef: ``loss += coef * (max(0, H_min - Hbar) +
         max(0, Hbar - H_max))`` with Hbar the mean token entropy over active tokens (S-GRPO seed).
         entropy_filter: completions whose mean token entropy :math:`\langle H\rangle_i` exceeds the threshold get zero
