@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -35,16 +36,39 @@ def check_temperature(temperature: object) -> float:
     return t
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def check_ignore_index(ignore_index: object) -> int:
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be a Python int, got {type(ignore_index).__name__}")
+    if not _INT64[0] <= ignore_index <= _INT64[1]:
+        raise ValueError(f"ignore_index must fit in int64 (targets are int64), got {ignore_index}")
     return ignore_index
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A boolean keyword: a str such as "False" would otherwise count as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_memory_budget(memory_budget: object) -> int:
+    """Bytes: a non-negative int below 2**63 (0 = the backend's default)."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral):
+        raise TypeError(f"memory_budget must be an int number of bytes or None, got {type(memory_budget).__name__} "
+                        f"{memory_budget!r}")
+    value = int(memory_budget)
+    if not 0 <= value <= _INT64[1]:
+        raise ValueError(f"memory_budget must be in [0, 2**63) bytes (0 = the backend's default), got {value}")
+    return value
 
 
 def check_targets(targets: object, lead: torch.Size, lead_name: str, device: torch.device) -> torch.Tensor:
     targets = _check_tensor("targets", targets)
     if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
-        raise TypeError(f"targets must be an integer tensor (int64 or int32), got dtype {targets.dtype}")
+        raise TypeError(f"targets must be an integer tensor (e.g. int64 or int32), got dtype {targets.dtype}")
     if targets.shape != lead:
         raise ValueError(
             f"targets has shape {_shape(targets)}, expected the leading shape of {lead_name}, {tuple(lead)}"
@@ -68,6 +92,8 @@ def check_linear_inputs(
     V, D = weight.shape
     if V == 0:
         raise ValueError("weight has V = 0 rows: the vocabulary must not be empty")
+    if D == 0:
+        raise ValueError(f"weight has shape {_shape(weight)}: the hidden size D must not be 0")
     if hidden.shape[-1] != D:
         raise ValueError(
             f"hidden has last dim {hidden.shape[-1]} (shape {_shape(hidden)}), "

@@ -8,13 +8,20 @@ their `backend` argument) -> autograd registration -> the public functions `line
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 from torch import Tensor
 
 from sgrpo_kernels import backends
-from sgrpo_kernels._validation import check_linear_inputs, check_logits_inputs, check_target_values
+from sgrpo_kernels._validation import (
+    check_flag,
+    check_linear_inputs,
+    check_logits_inputs,
+    check_memory_budget,
+    check_target_values,
+)
 from sgrpo_kernels.backends import Options
 
 ENV_MEMORY_BUDGET_MB = "SGRPO_MEMORY_BUDGET_MB"
@@ -211,22 +218,30 @@ torch.library.register_autograd(
 
 def _budget(memory_budget: int | None) -> int:
     if memory_budget is not None:
-        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 0:
-            raise ValueError(f"memory_budget must be a non-negative int (bytes) or None, got {memory_budget!r}")
-        return memory_budget
-    env = os.environ.get(ENV_MEMORY_BUDGET_MB)
+        return check_memory_budget(memory_budget)
+    env = os.environ.get(ENV_MEMORY_BUDGET_MB, "").strip()
     if env:
         try:
-            return int(float(env) * 2**20)
+            mib = float(env)
         except ValueError:
-            raise ValueError(f"env {ENV_MEMORY_BUDGET_MB}={env!r}: expected a number of MiB") from None
+            mib = math.nan
+        if not math.isfinite(mib) or mib < 0 or mib * 2**20 >= 2**63:
+            raise ValueError(f"env {ENV_MEMORY_BUDGET_MB}={env!r}: expected a finite number of MiB >= 0 "
+                             "(0 = the backend's default)")
+        return int(mib * 2**20)
     return 0
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def _deterministic(flag: bool | None) -> bool:
     if flag is not None:
-        return bool(flag)
-    return os.environ.get(ENV_DETERMINISTIC, "0") not in ("", "0", "false", "False")
+        return check_flag("deterministic", flag)
+    env = os.environ.get(ENV_DETERMINISTIC, "").strip().lower()
+    if env not in _TRUE + _FALSE:
+        raise ValueError(f"env {ENV_DETERMINISTIC}={env!r}: expected one of 1/0, true/false, yes/no, on/off")
+    return env in _TRUE
 
 
 def linear_logprobs(
@@ -254,7 +269,8 @@ def linear_logprobs(
 
     Args:
         backend: "torch", "triton", "npu" or None/"auto" (env SGRPO_BACKEND, else chosen by device).
-        memory_budget: bytes for tile temporaries of the chunked backends (env SGRPO_MEMORY_BUDGET_MB; default 128 MiB).
+        memory_budget: bytes for a backend's temporaries (env SGRPO_MEMORY_BUDGET_MB); default per backend: torch
+            128 MiB of tiles, triton 64 MiB (backward dZ chunk), npu 256 MiB (logits chunk).
         deterministic: bitwise reproducible gradients (env SGRPO_DETERMINISTIC); the torch backend always is.
     """
     temperature, ignore_index = check_linear_inputs(hidden, weight, targets, bias, temperature, ignore_index)
@@ -265,7 +281,8 @@ def linear_logprobs(
     )
     logp, entropy, _ = linear_logprobs_fwd(
         hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(), bias, temperature, ignore_index,
-        bool(return_entropy), needs_grad, name, _budget(memory_budget), _deterministic(deterministic),
+        check_flag("return_entropy", return_entropy), needs_grad, name, _budget(memory_budget),
+        _deterministic(deterministic),
     )
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
@@ -293,6 +310,8 @@ def logprobs_from_logits(
         backend, memory_budget: as in `linear_logprobs`.
     """
     temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
+    check_flag("return_entropy", return_entropy)
+    check_flag("inplace_backward", inplace_backward)
     if inplace_backward and logits.is_leaf and logits.requires_grad:
         raise ValueError(
             "inplace_backward=True would overwrite logits, a leaf tensor that requires grad, with its own gradient; "

@@ -135,6 +135,13 @@ BAD_LINEAR = [
     (dict(temperature=torch.tensor(1.0)), TypeError, "temperature must be a Python float"),
     (dict(ignore_index=1.5), TypeError, "ignore_index must be a Python int"),
     (dict(memory_budget=-5), ValueError, "memory_budget"),
+    (dict(memory_budget=2**63), ValueError, r"memory_budget must be in \[0, 2\*\*63\)"),
+    (dict(memory_budget="1"), TypeError, "memory_budget must be an int number of bytes"),
+    (dict(memory_budget=1e6), TypeError, "memory_budget must be an int number of bytes"),
+    (dict(ignore_index=2**63), ValueError, "ignore_index must fit in int64"),
+    (dict(return_entropy="False"), TypeError, "return_entropy must be a bool, got str 'False'"),
+    (dict(deterministic="no"), TypeError, "deterministic must be a bool"),
+    (dict(hidden=torch.randn(6, 0), weight=torch.randn(37, 0)), ValueError, "the hidden size D must not be 0"),
     (dict(backend="nope"), ValueError, "unknown backend"),
 ]
 
@@ -143,6 +150,45 @@ BAD_LINEAR = [
 def test_linear_bad_inputs(over, exc, match):
     with pytest.raises(exc, match=match):
         _call_linear(**over)
+
+
+def test_numpy_int_memory_budget_is_accepted():
+    import numpy as np
+
+    logp, _ = _call_linear(memory_budget=np.int64(4096))
+    assert torch.isfinite(logp).all()
+
+
+@pytest.mark.parametrize("env, ok", [("inf", False), ("nan", False), ("-5", False), ("abc", False), ("1e30", False),
+                                     ("0", True), ("0.5", True), (" 64 ", True)])
+def test_memory_budget_env_is_checked(monkeypatch, env, ok):
+    monkeypatch.setenv("SGRPO_MEMORY_BUDGET_MB", env)
+    if ok:
+        assert torch.isfinite(_call_linear()[0]).all()
+    else:
+        with pytest.raises(ValueError, match=f"env SGRPO_MEMORY_BUDGET_MB={env.strip()!r}: expected a finite number"):
+            _call_linear()
+
+
+@pytest.mark.parametrize("env, ok", [("1", True), ("off", True), ("FALSE", True), ("Yes", True), ("", True),
+                                     ("maybe", False), ("2", False)])
+def test_deterministic_env_is_checked(monkeypatch, env, ok):
+    monkeypatch.setenv("SGRPO_DETERMINISTIC", env)
+    if ok:
+        assert torch.isfinite(_call_linear()[0]).all()
+    else:
+        with pytest.raises(ValueError, match="env SGRPO_DETERMINISTIC="):
+            _call_linear()
+
+
+def test_deterministic_env_values(monkeypatch):
+    from sgrpo_kernels import ops
+
+    for env, want in [("1", True), ("on", True), ("TRUE", True), ("no", False), ("off", False), ("0", False)]:
+        monkeypatch.setenv("SGRPO_DETERMINISTIC", env)
+        assert ops._deterministic(None) is want, env
+    monkeypatch.delenv("SGRPO_DETERMINISTIC")
+    assert ops._deterministic(None) is False and ops._deterministic(True) is True
 
 
 @pytest.mark.skipif(not torch.backends.mps.is_available() and not torch.cuda.is_available(),
@@ -166,6 +212,9 @@ BAD_LOGITS = [
     (dict(logits=torch.randint(0, 3, (4, 29))), TypeError, "logits must be a floating tensor"),
     (dict(logits=torch.randn(4, 0)), ValueError, "vocabulary"),
     (dict(temperature=0), ValueError, "temperature"),
+    (dict(return_entropy=1), TypeError, "return_entropy must be a bool"),
+    (dict(inplace_backward="yes"), TypeError, "inplace_backward must be a bool"),
+    (dict(memory_budget=-1), ValueError, "memory_budget must be in"),
 ]
 
 

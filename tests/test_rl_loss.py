@@ -439,3 +439,13 @@ def test_entropy_bonus_denominator_counts_inactive_valid_tokens():
     assert float(metrics["entropy_loss"]) == pytest.approx(-0.5)
     loss.backward()
     assert ent.grad[0, 2:].eq(0).all() and ent.grad[0, :2].ne(0).all()
+
+
+@pytest.mark.parametrize("counts, exc, match", [
+    ([1.0, 2.0], TypeError, "conflict_counts must be a torch.Tensor, got list"),
+    (torch.ones(3), ValueError, r"conflict_counts has shape \(3,\), expected \(2,\)"),
+])
+def test_conflict_counts_checked(counts, exc, match):
+    with pytest.raises(exc, match=match):
+        rl.policy_loss(torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3, dtype=torch.bool),
+                       rl.LossConfig(conflict_count_norm=True), conflict_counts=counts)

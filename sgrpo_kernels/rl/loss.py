@@ -18,6 +18,7 @@ from sgrpo_kernels.rl._checks import (
     check_number,
     check_rank,
     check_same_device,
+    check_tensor,
     compute_dtype,
 )
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
@@ -289,11 +290,10 @@ def policy_loss(
         raise ValueError(f"ref_logp [B, T] is required when config.beta > 0 (beta = {config.beta})")
     if token_weights is not None:
         _check_bt("token_weights", token_weights, (b, t), logp)
-    if conflict_counts is not None and (
-        not isinstance(conflict_counts, Tensor) or tuple(conflict_counts.shape) != (b,)
-    ):
-        shape = tuple(conflict_counts.shape) if isinstance(conflict_counts, Tensor) else type(conflict_counts)
-        raise ValueError(f"conflict_counts has shape {shape}, expected ({b},)")
+    if conflict_counts is not None:
+        check_tensor("conflict_counts", conflict_counts)
+        if tuple(conflict_counts.shape) != (b,):
+            raise ValueError(f"conflict_counts has shape {tuple(conflict_counts.shape)}, expected ({b},)")
 
     dt = compute_dtype(logp)
     zero = torch.zeros((), dtype=dt, device=logp.device)
