@@ -42,12 +42,17 @@ def _check_values() -> bool:
     return os.environ.get(ENV_CHECK_TARGETS, "1") != "0"
 
 
+def out_dtype(input_dtype: torch.dtype) -> torch.dtype:
+    """logp / entropy / lse dtype: fp32, or fp64 for fp64 inputs (so fp64 gradients are fp64-accurate)."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
 def _row_stats_fake(ref: Tensor, n: int, return_entropy: bool, need_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
-    f32 = dict(dtype=torch.float32, device=ref.device)
+    kw = dict(dtype=out_dtype(ref.dtype), device=ref.device)
     return (
-        ref.new_empty((n,), **f32),
-        ref.new_empty((n if return_entropy else 0,), **f32),
-        ref.new_empty((n if need_lse else 0,), **f32),
+        ref.new_empty((n,), **kw),
+        ref.new_empty((n if return_entropy else 0,), **kw),
+        ref.new_empty((n if need_lse else 0,), **kw),
     )
 
 
@@ -59,7 +64,7 @@ def linear_logprobs_fwd(
     hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, temperature: float, ignore_index: int,
     return_entropy: bool, need_lse: bool, backend: str, memory_budget: int, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); all fp32."""
+    """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
     if _check_values():
         check_target_values(targets, weight.shape[0], ignore_index)
     opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic)
@@ -117,7 +122,7 @@ def _linear_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     need_h = ctx.needs_input_grad[0]
     need_w = ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[3])
     gh, gw, gb = linear_logprobs_bwd(
-        grad_logp.float(), g_ent.float() if g_ent is not None else None, hidden, weight, targets, bias, lse,
+        grad_logp.to(lse.dtype), g_ent.to(lse.dtype) if g_ent is not None else None, hidden, weight, targets, bias, lse,
         entropy if return_entropy else None, temperature, ignore_index, return_entropy, backend, memory_budget,
         deterministic, need_h, need_w,
     )
@@ -138,7 +143,7 @@ def logprobs_from_logits_fwd(
     logits: Tensor, targets: Tensor, temperature: float, ignore_index: int, return_entropy: bool, need_lse: bool,
     backend: str, memory_budget: int, inplace_backward: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); all fp32."""
+    """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
     if _check_values():
         check_target_values(targets, logits.shape[1], ignore_index)
     opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, False)
@@ -197,8 +202,8 @@ def _logits_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     temperature, ignore_index, return_entropy, backend, memory_budget, inplace = ctx.args
     if lse.numel() != logits.shape[0]:
         raise RuntimeError("logprobs_from_logits: backward called on a forward that saved no statistics")
-    g_ent = grad_entropy.float() if (return_entropy and grad_entropy is not None) else None
-    args = (grad_logp.float(), g_ent, logits, targets, lse, entropy if return_entropy else None, temperature,
+    g_ent = grad_entropy.to(lse.dtype) if (return_entropy and grad_entropy is not None) else None
+    args = (grad_logp.to(lse.dtype), g_ent, logits, targets, lse, entropy if return_entropy else None, temperature,
             ignore_index, return_entropy, backend, memory_budget)
     if inplace:
         logprobs_from_logits_bwd_(*args)
@@ -262,10 +267,10 @@ def linear_logprobs(
     The (..., V) logits are never materialized. With z = (h . W_j + b_j) / temperature for one row:
         logp = z_y - logsumexp(z),   entropy = -sum_j p_j log p_j,   p = softmax(z).
 
-    Returns `(logp, entropy)`, both float32 with the leading shape `hidden.shape[:-1]`; with `return_entropy=False`
-    the entropy is not computed and `(logp, None)` is returned. Rows whose target equals `ignore_index` give 0 for both
-    and receive no gradient. Differentiable w.r.t. hidden, weight and bias through both outputs. Under `torch.no_grad()`
-    (or when no input requires grad) nothing is saved for backward.
+    Returns `(logp, entropy)`, both float32 (float64 for float64 inputs) with the leading shape `hidden.shape[:-1]`;
+    with `return_entropy=False` the entropy is not computed and `(logp, None)` is returned. Rows whose target equals
+    `ignore_index` give 0 for both and receive no gradient. Differentiable w.r.t. hidden, weight and bias through
+    both outputs. Under `torch.no_grad()` (or when no input requires grad) nothing is saved for backward.
 
     Args:
         backend: "torch", "triton", "npu" or None/"auto" (env SGRPO_BACKEND, else chosen by device).
@@ -301,8 +306,8 @@ def logprobs_from_logits(
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
 
     One streaming pass over V per row (online statistics); the backward writes grad_logits vocab chunk by vocab chunk.
-    Returns `(logp, entropy)` float32 with the leading shape `logits.shape[:-1]` (`(logp, None)` with
-    `return_entropy=False`). Ignored rows give 0 and no gradient.
+    Returns `(logp, entropy)` float32 (float64 for float64 logits) with the leading shape `logits.shape[:-1]`
+    (`(logp, None)` with `return_entropy=False`). Ignored rows give 0 and no gradient.
 
     Args:
         inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe

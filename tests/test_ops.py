@@ -217,6 +217,28 @@ def test_linear_low_precision_bias_grad_over_many_row_tiles(dev_backend, dtype):
     assert err <= 2 * err_naive + 1e-3 * scale, (err, err_naive, scale)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float64_gradcheck_torch_backend(with_bias):
+    """fp64 inputs give fp64 outputs and fp64-accurate gradients (torch backend): torch.autograd.gradcheck passes on
+    both outputs at once, with temperature, an ignored row and tiles forced small."""
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=True) if with_bias else None
+    t = torch.tensor([0, 6, IGNORE, 3, 3])
+
+    def lin(h_, w_, *rest):
+        return sk.linear_logprobs(h_, w_, t, bias=rest[0] if rest else None, temperature=0.7, backend="torch",
+                                  memory_budget=1)
+
+    inputs = (h, w) + ((b,) if with_bias else ())
+    assert all(o.dtype == torch.float64 for o in lin(*inputs))
+    assert torch.autograd.gradcheck(lin, inputs)
+    z = torch.randn(5, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda z_: sk.logprobs_from_logits(z_, t, temperature=1.3, backend="torch", memory_budget=1), (z,))
+
+
 def test_linear_extreme_logits_stay_finite(dev_backend):
     device, backend = dev_backend
     h, w, t, b, gl, ge = make_case((16,), 8, 97, device=device, bias=True)

@@ -177,11 +177,12 @@ def test_backward_vocab_chunking(tb, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_float64_inputs_computed_in_float32(tb, device):
-    """fp64 is accepted (computed in fp32, documented): fp32-level accuracy, gradients returned in fp64."""
+    """fp64 is accepted (computed in fp32, documented): fp32-level accuracy, outputs and gradients returned in fp64."""
     h, w, t, b, gl, ge = _case(11, 16, 50, device=device, dtype=torch.float64)
     logp, ent, lse, (gh, gw, gb) = _fwd_bwd(tb, h, w, t, b, gl, ge)
     elogp, eent, (egh, egw, egb) = _exact(h, w, t, b, gl, ge)
-    assert gh.dtype == gw.dtype == gb.dtype == torch.float64 and logp.dtype == torch.float32
+    assert gh.dtype == gw.dtype == gb.dtype == torch.float64
+    assert logp.dtype == ent.dtype == lse.dtype == torch.float64
     torch.testing.assert_close(logp.double(), elogp, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(gw, egw, atol=5e-5, rtol=5e-5)
     z = torch.randn(6, 30, dtype=torch.float64, device=device)
@@ -192,6 +193,7 @@ def test_float64_inputs_computed_in_float32(tb, device):
     lr, er = ref.logprobs_from_logits(zr, tt, out_dtype=None)
     (lr.sum() + er.sum()).backward()
     out = tb.logprobs_from_logits_bwd(torch.ones(6, device=device), torch.ones(6, device=device), z, tt, ls, en, opts)
+    assert lp.dtype == en.dtype == ls.dtype == torch.float64
     assert out.data_ptr() == z.data_ptr() and out.dtype == torch.float64
     torch.testing.assert_close(out, zr.grad, atol=5e-5, rtol=5e-5)
 

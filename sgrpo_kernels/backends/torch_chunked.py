@@ -1,7 +1,8 @@
 """The `torch` backend: chunked PyTorch, any device, the CPU default and the universal fallback.
 
 Never allocates an (N, V) tensor for `linear_logprobs`: logits exist one (token chunk x vocab chunk) tile at a time,
-sized from a memory budget. Forward keeps per-row online statistics in fp32 (fp64 for fp64 inputs):
+sized from a memory budget. Forward keeps per-row online statistics in fp32 (fp64 for fp64 inputs, which also get
+fp64 outputs and so fp64-accurate gradients):
   m = running max,  s = sum exp(z - m),  u = sum exp(z - m) * (z - m),  z_y = target logit
 so that lse = m + log s and H = log s - u / s (tracking u relative to m avoids cancelling two large numbers when
 |z| is large). Backward recomputes each tile and applies (DESIGN.md)
@@ -185,14 +186,11 @@ def _entropy_grad(g_ent: torch.Tensor | None, entropy: torch.Tensor | None, opts
     return g_ent if bool((g_ent != 0).any()) else None
 
 
-def _empty(ref: torch.Tensor) -> torch.Tensor:
-    return ref.new_empty((0,), dtype=torch.float32)
-
-
 def _outputs(logp, lse, entropy, idx, n, opts: Options):
-    logp = _scatter_rows(logp, idx, n).float()
-    ent = _scatter_rows(entropy, idx, n).float() if opts.return_entropy else _empty(logp)
-    lse = _scatter_rows(lse, idx, n).float() if opts.need_lse else _empty(logp)
+    """Scatter the active rows back; the statistics are already in the output dtype (fp32, fp64 for fp64 inputs)."""
+    logp = _scatter_rows(logp, idx, n)
+    ent = _scatter_rows(entropy, idx, n) if opts.return_entropy else logp.new_empty((0,))
+    lse = _scatter_rows(lse, idx, n) if opts.need_lse else logp.new_empty((0,))
     return logp, ent, lse
 
 

@@ -33,8 +33,8 @@ logprobs_from_logits
     gradient get zeros without reading their logits.
 
 Dtypes: fp32, bf16, fp16 computed natively (tl.dot in the input dtype, fp32 accumulation; fp32 dot products use
-"ieee" precision, never TF32). fp64 inputs are computed in fp32 (the kernels read fp32 copies) and gradients are
-returned in fp64: use the torch backend when fp64 accuracy matters.
+"ieee" precision, never TF32). fp64 inputs are computed in fp32 (the kernels read fp32 copies); outputs and gradients
+are returned in fp64 but are fp32-accurate: use the torch backend when fp64 accuracy matters.
 """
 
 from __future__ import annotations
@@ -582,6 +582,11 @@ def _empty(ref: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, device=ref.device, dtype=torch.float32)
 
 
+def _as_output_dtype(in_dtype: torch.dtype, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The op returns fp64 statistics for fp64 inputs (computed here in fp32: fp32-accurate values)."""
+    return stats if in_dtype != torch.float64 else tuple(t.double() for t in stats)
+
+
 def _num_splits(n: int, vocab: int, ref: torch.Tensor) -> tuple[int, int]:
     """(number of vocab splits, vocab columns per split) for the linear forward."""
     if FORCE_SPLITS is not None:
@@ -605,14 +610,16 @@ def _num_splits(n: int, vocab: int, ref: torch.Tensor) -> tuple[int, int]:
 
 
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
-    """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), lse | (0,)), fp32."""
+    """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), lse | (0,)), fp32
+    (fp64 for fp64 inputs)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
+    in_dtype = hidden.dtype
     logp = _f32_rows(n, hidden)
     ent = _f32_rows(n, hidden) if opts.return_entropy else _empty(hidden)
     lse = _f32_rows(n, hidden) if opts.need_lse else _empty(hidden)
     if n == 0:
-        return logp, ent, lse
+        return _as_output_dtype(in_dtype, logp, ent, lse)
     hidden, weight, bias = _compute_inputs(hidden, weight, bias)
     splits, per = _num_splits(n, vocab, hidden)
     if splits > 1:
@@ -639,7 +646,7 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
             pm, ps, pu, pzy, targets, logp, ent if opts.return_entropy else logp, lse if opts.need_lse else logp,
             n, splits, opts.ignore_index, WITH_ENTROPY=opts.return_entropy, WITH_LSE=opts.need_lse, BLOCK=block,
         )
-    return logp, ent, lse
+    return _as_output_dtype(in_dtype, logp, ent, lse)
 
 
 def _compact_active_rows(targets, grad_logp, grad_entropy, ignore_index) -> tuple[torch.Tensor, torch.Tensor]:
@@ -669,7 +676,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     vocab = weight.shape[0]
     out_dtype = hidden.dtype
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
-    h, w, b = _compute_inputs(hidden, weight, bias)
+    h, w, b, lse, entropy = _compute_inputs(hidden, weight, bias, lse, entropy)
     # a frozen weight gets no buffer (a (V, 0) stand-in keeps the code below uniform; its kernel is never launched)
     grad_w = _new(w.shape if opts.need_grad_weight else (w.shape[0], 0), w, w.dtype)
     grad_b = _new(b.shape, b, b.dtype) if (b is not None and opts.need_grad_weight) else None
@@ -728,13 +735,13 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 
 
 def logprobs_from_logits_fwd(logits, targets, opts: Options):
-    """logits (N, V), targets (N,) -> (logp, entropy | (0,), lse | (0,)), fp32."""
+    """logits (N, V), targets (N,) -> (logp, entropy | (0,), lse | (0,)), fp32 (fp64 for fp64 logits)."""
     n, vocab = logits.shape
     logp = _f32_rows(n, logits)
     ent = _f32_rows(n, logits) if opts.return_entropy else _empty(logits)
     lse = _f32_rows(n, logits) if opts.need_lse else _empty(logits)
     if n == 0:
-        return logp, ent, lse
+        return _as_output_dtype(logits.dtype, logp, ent, lse)
     (x,) = _compute_inputs(logits)
     _launch(
         "logits_fwd", _logprobs_from_logits_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),), x,
@@ -743,13 +750,14 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options):
         x.stride(0), x.stride(1), 1.0 / opts.temperature, opts.ignore_index,
         WITH_ENTROPY=opts.return_entropy, WITH_LSE=opts.need_lse,
     )
-    return logp, ent, lse
+    return _as_output_dtype(logits.dtype, logp, ent, lse)
 
 
 def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts: Options):
     """-> grad_logits (N, V) logits.dtype; written into `logits` itself when opts.inplace_backward."""
     n, vocab = logits.shape
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
+    lse, entropy = _compute_inputs(lse, entropy)
     if logits.dtype == torch.float64:
         x = logits.float()  # computed in fp32 (module docstring); the gradient is copied back in fp64
         out = x
