@@ -311,13 +311,17 @@ def targets_report(rows: list[dict], provider: str = "triton") -> list[str]:
     return out
 
 
+def parse_shape(ap: argparse.ArgumentParser, flag: str, item: str) -> tuple[int, int, int]:
+    """'MxDxV' -> (M, D, V), three positive integers; otherwise an argparse error naming `flag`."""
+    parts = item.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        ap.error(f"{flag}: {item!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
+    m, d, v = (int(p) for p in parts)
+    return m, d, v
+
+
 def _parse_shapes(ap: argparse.ArgumentParser, text: str) -> list[tuple[int, int, int]]:
-    shapes = []
-    for item in [x.strip() for x in text.split(",") if x.strip()]:
-        parts = item.lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            ap.error(f"--shapes: {item!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
-        shapes.append(tuple(int(p) for p in parts))
+    shapes = [parse_shape(ap, "--shapes", item) for item in [x.strip() for x in text.split(",") if x.strip()]]
     if not shapes:
         ap.error("--shapes: empty")
     return shapes

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import bench_gpu  # noqa: E402
 import torch  # noqa: E402
 from common import RESULTS, git_sha, markdown_table, versions  # noqa: E402
 
@@ -33,14 +34,6 @@ _FLOPS = {
     "_linear_logprobs_bwd_dh_kernel": lambda m, m_act, d, v: 2 * m_act * d * v,
     "_linear_logprobs_bwd_dw_kernel": lambda m, m_act, d, v: 2 * m_act * d * v,
 }
-
-
-def _parse_shape(ap: argparse.ArgumentParser, text: str) -> tuple[int, int, int]:
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        ap.error(f"--shape: {text!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
-    m, d, v = (int(p) for p in parts)
-    return m, d, v
 
 
 def kernel_table(events, cuda: bool, M: int, M_active: int, D: int, V: int, repeats: int) -> list[dict]:
@@ -85,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke test of the script")
     ap.add_argument("--out", default=str(RESULTS / "profile_gpu.md"))
     args = ap.parse_args(argv)
-    M, D, V = _parse_shape(ap, args.shape)
+    M, D, V = bench_gpu.parse_shape(ap, "--shape", args.shape)
     if not 0.0 <= args.zero_frac < 1.0:
         ap.error(f"--zero-frac: {args.zero_frac} is not in [0, 1)")
     if args.repeats < 1 or args.warmup < 0:
@@ -96,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("profile_gpu.py: no CUDA device here, nothing profiled.", file=sys.stderr)
         return 2
-
-    import bench_gpu
 
     import sgrpo_kernels as sk
 

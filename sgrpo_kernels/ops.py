@@ -22,7 +22,7 @@ from sgrpo_kernels._validation import (
     check_memory_budget,
     check_target_values,
 )
-from sgrpo_kernels.backends import Options
+from sgrpo_kernels.backends import Options, env_flag, stats_dtype
 
 ENV_MEMORY_BUDGET_MB = "SGRPO_MEMORY_BUDGET_MB"
 ENV_DETERMINISTIC = "SGRPO_DETERMINISTIC"
@@ -42,13 +42,8 @@ def _check_values() -> bool:
     return os.environ.get(ENV_CHECK_TARGETS, "1") != "0"
 
 
-def out_dtype(input_dtype: torch.dtype) -> torch.dtype:
-    """logp / entropy / lse dtype: fp32, or fp64 for fp64 inputs (so fp64 gradients are fp64-accurate)."""
-    return torch.float64 if input_dtype == torch.float64 else torch.float32
-
-
 def _row_stats_fake(ref: Tensor, n: int, return_entropy: bool, need_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
-    kw = dict(dtype=out_dtype(ref.dtype), device=ref.device)
+    kw = dict(dtype=stats_dtype(ref.dtype), device=ref.device)
     return (
         ref.new_empty((n,), **kw),
         ref.new_empty((n if return_entropy else 0,), **kw),
@@ -237,16 +232,10 @@ def _budget(memory_budget: int | None) -> int:
     return 0
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
 def _deterministic(flag: bool | None) -> bool:
     if flag is not None:
         return check_flag("deterministic", flag)
-    env = os.environ.get(ENV_DETERMINISTIC, "").strip().lower()
-    if env not in _TRUE + _FALSE:
-        raise ValueError(f"env {ENV_DETERMINISTIC}={env!r}: expected one of 1/0, true/false, yes/no, on/off")
-    return env in _TRUE
+    return env_flag(ENV_DETERMINISTIC, False)
 
 
 def linear_logprobs(

@@ -48,6 +48,24 @@ _AUTO: dict[str, tuple[str, ...]] = {"cuda": ("triton", "torch"), "npu": ("npu",
 ENV_BACKEND = "SGRPO_BACKEND"
 
 
+def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
+    """dtype of logp / entropy / lse (and of the torch backend's accumulation): fp32, or fp64 for fp64 inputs."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
+_ENV_TRUE, _ENV_FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A boolean environment variable: 1/0, true/false, yes/no, on/off (any case); unset or empty = `default`."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in _ENV_TRUE + _ENV_FALSE:
+        raise ValueError(f"env {name}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
+    return value in _ENV_TRUE
+
+
 @dataclass(frozen=True)
 class Options:
     """Per-call options shared by every backend."""

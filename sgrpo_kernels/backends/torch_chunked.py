@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sgrpo_kernels.backends import Options
+from sgrpo_kernels.backends import Options, stats_dtype
 
 DEVICE_TYPES = ("*",)
 DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the temporaries of one call (tiles + weight-chunk copies)
@@ -27,10 +27,6 @@ _LOGP_FLOOR = -1.0e4  # exp(-1e4) == 0 in fp32 and fp64: clamping log p there ch
 
 def is_available() -> tuple[bool, str]:
     return True, ""
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def chunk_sizes(n_rows: int, vocab: int, memory_budget: int, elem_bytes: int = 4, col_bytes: int = 0
@@ -204,7 +200,7 @@ def _elem_bytes(dtype: torch.dtype) -> int:
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
     n, d = hidden.shape
     vocab = weight.shape[0]
-    cdt = _compute_dtype(hidden.dtype)
+    cdt = stats_dtype(hidden.dtype)
     idx = _active_rows(targets, opts.ignore_index)
     h = (hidden if idx is None else hidden.index_select(0, idx)).to(cdt)
     t = targets if idx is None else targets.index_select(0, idx)
@@ -226,7 +222,7 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
 def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts: Options):
     n, d = hidden.shape
     vocab = weight.shape[0]
-    cdt = _compute_dtype(hidden.dtype)
+    cdt = stats_dtype(hidden.dtype)
     g_ent = _entropy_grad(grad_entropy, entropy, opts)
     idx = _active_rows(targets, opts.ignore_index, grad_logp, g_ent)
 
@@ -280,7 +276,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 
 def logprobs_from_logits_fwd(logits, targets, opts: Options):
     n, vocab = logits.shape
-    cdt = _compute_dtype(logits.dtype)
+    cdt = stats_dtype(logits.dtype)
     idx = _active_rows(targets, opts.ignore_index)
     t = targets if idx is None else targets.index_select(0, idx)
     na = t.shape[0]
@@ -300,7 +296,7 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options):
 
 def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts: Options):
     n, vocab = logits.shape
-    cdt = _compute_dtype(logits.dtype)
+    cdt = stats_dtype(logits.dtype)
     g_ent = _entropy_grad(grad_entropy, entropy, opts)
     idx = _active_rows(targets, opts.ignore_index, grad_logp, g_ent)
     out = logits if opts.inplace_backward else torch.empty_like(logits)

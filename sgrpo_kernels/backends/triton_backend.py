@@ -44,7 +44,7 @@ import os
 
 import torch
 
-from sgrpo_kernels.backends import Options
+from sgrpo_kernels.backends import Options, env_flag, stats_dtype
 
 try:
     import triton
@@ -532,7 +532,7 @@ ENV_AUTOTUNE = "SGRPO_TRITON_AUTOTUNE"
 
 
 def _autotune_enabled() -> bool:
-    return os.environ.get(ENV_AUTOTUNE, "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_flag(ENV_AUTOTUNE, True)
 
 
 @functools.cache
@@ -583,8 +583,9 @@ def _empty(ref: torch.Tensor) -> torch.Tensor:
 
 
 def _as_output_dtype(in_dtype: torch.dtype, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The op returns fp64 statistics for fp64 inputs (computed here in fp32: fp32-accurate values)."""
-    return stats if in_dtype != torch.float64 else tuple(t.double() for t in stats)
+    """The op's statistics dtype (fp64 for fp64 inputs; computed here in fp32, so fp32-accurate values)."""
+    dtype = stats_dtype(in_dtype)
+    return tuple(t.to(dtype) for t in stats)
 
 
 def _num_splits(n: int, vocab: int, ref: torch.Tensor) -> tuple[int, int]:
