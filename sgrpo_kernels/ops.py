@@ -1,216 +1,230 @@
 """The two ops of the contract, defined once with torch.library: schema, fake implementation, autograd.
 
-Layers (one name stem per op): backend entry points (`sgrpo_kernels.backends.*`) -> custom ops
-`sgrpo::linear_logprobs_fwd/_bwd`, `sgrpo::logprobs_from_logits_fwd/_bwd` (which dispatch to the backend named in
-their `backend` argument) -> autograd registration -> the public functions `linear_logprobs`,
-`logprobs_from_logits` (validation, backend resolution, flattening of leading dims).
+Layers (docs/design.md): the public functions `linear_logprobs`, `logprobs_from_logits` (validation, backend
+resolution, flattening of leading dims) -> custom ops `sgrpo::linear_logprobs_fwd/_bwd`,
+`sgrpo::logprobs_from_logits_fwd/_bwd(_)` with autograd -> the backend named in their arguments
+(`sgrpo_kernels.backends`).
+
+Every custom op takes its tensors, then the fields of one :class:`Call` (the backend, the target check and the
+backend :class:`~sgrpo_kernels.backends.Options`). The schemas, the fakes, `setup_context` and the backwards pack and
+unpack that one structure, so adding an option is one new `Options` field (and its keyword in the public function).
 """
 
 from __future__ import annotations
 
-import math
-import os
+import dataclasses
 
 import torch
 from torch import Tensor
 
-from sgrpo_kernels import backends
-from sgrpo_kernels._validation import (
+from sgrpo_kernels.backends import Options, get, resolve, stats_dtype
+from sgrpo_kernels.validation import (
     check_flag,
     check_linear_inputs,
     check_logits_inputs,
     check_memory_budget,
     check_target_values,
+    env_flag,
+    env_mebibytes,
 )
-from sgrpo_kernels.backends import Options, env_flag, stats_dtype
+
+__all__ = ["linear_logprobs", "logprobs_from_logits"]
 
 ENV_MEMORY_BUDGET_MB = "SGRPO_MEMORY_BUDGET_MB"
-ENV_DETERMINISTIC = "SGRPO_DETERMINISTIC"
 ENV_CHECK_TARGETS = "SGRPO_CHECK_TARGETS"
 
 
-def _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic, inplace=False,
-             need_grad_hidden=True, need_grad_weight=True):
-    return Options(
-        temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy, need_lse=need_lse,
-        memory_budget=memory_budget, deterministic=deterministic, inplace_backward=inplace,
-        need_grad_hidden=need_grad_hidden, need_grad_weight=need_grad_weight,
-    )
+# ---------------------------------------------------------------------------------------- the op arguments, once
 
 
-def _check_values() -> bool:
-    return os.environ.get(ENV_CHECK_TARGETS, "1") != "0"
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """The non-tensor arguments of every sgrpo:: custom op.
+
+    backend: the resolved backend name; check_targets: verify that targets lie in [0, V) (one host sync, forward
+    only); opts: what the backend receives.
+    """
+
+    backend: str
+    check_targets: bool
+    opts: Options
+
+    def pack(self) -> tuple:
+        return (self.backend, self.check_targets, *(getattr(self.opts, f.name) for f in _OPTION_FIELDS))
+
+    @classmethod
+    def unpack(cls, args: tuple) -> Call:
+        backend, check, *values = args
+        return cls(backend, check, Options(*values))
+
+    def for_backward(self, **grads_needed: bool) -> Call:
+        return dataclasses.replace(self, opts=dataclasses.replace(self.opts, need_lse=True, **grads_needed))
 
 
-def _row_stats_fake(ref: Tensor, n: int, return_entropy: bool, need_lse: bool) -> tuple[Tensor, Tensor, Tensor]:
-    kw = dict(dtype=stats_dtype(ref.dtype), device=ref.device)
+_OPTION_FIELDS = dataclasses.fields(Options)
+_N_CALL = 2 + len(_OPTION_FIELDS)  # the Call fields in a schema: backward returns None for each
+_CALL_SCHEMA = "str backend, bool check_targets, " + ", ".join(f"{f.type} {f.name}" for f in _OPTION_FIELDS)
+_STATS = "(Tensor logp, Tensor entropy, Tensor lse)"  # entropy / lse are empty (0,) when not requested
+
+
+def _custom_op(name: str, tensors: str, returns: str, mutates: tuple[str, ...] = ()):
+    """Decorator: a custom op `sgrpo::name(tensors..., <Call fields>) -> returns`."""
+    schema = f"({tensors}, {_CALL_SCHEMA}) -> {returns}"
+    return lambda fn: torch.library.custom_op(f"sgrpo::{name}", fn, mutates_args=mutates, schema=schema)
+
+
+def _row_stats_fake(ref: Tensor, call: Call) -> tuple[Tensor, Tensor, Tensor]:
+    n, kw = ref.shape[0], dict(dtype=stats_dtype(ref.dtype), device=ref.device)
     return (
         ref.new_empty((n,), **kw),
-        ref.new_empty((n if return_entropy else 0,), **kw),
-        ref.new_empty((n if need_lse else 0,), **kw),
+        ref.new_empty((n if call.opts.return_entropy else 0,), **kw),
+        ref.new_empty((n if call.opts.need_lse else 0,), **kw),
     )
+
+
+def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, lse: Tensor, entropy: Tensor, call: Call):
+    """The two upstream gradients in the statistics dtype, and the saved entropy; None where the entropy was not
+    requested or received no gradient."""
+    ent = call.opts.return_entropy
+    g_ent = grad_entropy.to(lse.dtype) if (ent and grad_entropy is not None) else None
+    return grad_logp.to(lse.dtype), g_ent, (entropy if ent else None)
 
 
 # -------------------------------------------------------------------------------------------------- linear_logprobs
 
 
-@torch.library.custom_op("sgrpo::linear_logprobs_fwd", mutates_args=())
-def linear_logprobs_fwd(
-    hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, temperature: float, ignore_index: int,
-    return_entropy: bool, need_lse: bool, backend: str, memory_budget: int, deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+@_custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", _STATS)
+def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *call: object):
     """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
-    if _check_values():
-        check_target_values(targets, weight.shape[0], ignore_index)
-    opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, deterministic)
-    return backends.get(backend).linear_logprobs_fwd(hidden, weight, targets, bias, opts)
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, weight.shape[0], call.opts.ignore_index)
+    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts)
 
 
 @linear_logprobs_fwd.register_fake
-def _(hidden, weight, targets, bias, temperature, ignore_index, return_entropy, need_lse, backend, memory_budget,
-      deterministic):
-    return _row_stats_fake(hidden, hidden.shape[0], return_entropy, need_lse)
+def _(hidden, weight, targets, bias, *call):
+    return _row_stats_fake(hidden, Call.unpack(call))
 
 
-@torch.library.custom_op("sgrpo::linear_logprobs_bwd", mutates_args=())
-def linear_logprobs_bwd(
-    grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor, targets: Tensor,
-    bias: Tensor | None, lse: Tensor, entropy: Tensor | None, temperature: float, ignore_index: int,
-    return_entropy: bool, backend: str, memory_budget: int, deterministic: bool, need_grad_hidden: bool,
-    need_grad_weight: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+@_custom_op(
+    "linear_logprobs_bwd",
+    "Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor lse, "
+    "Tensor? entropy",
+    "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)",
+)
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, *call: object):
     """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,); a gradient that is not needed (no bias, or
     need_grad_* False) comes back as an empty (0,) tensor."""
-    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, deterministic,
-                    need_grad_hidden=need_grad_hidden, need_grad_weight=need_grad_weight)
-    grads = backends.get(backend).linear_logprobs_bwd(
-        grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts
-    )
-    wanted = (need_grad_hidden, need_grad_weight, need_grad_weight and bias is not None)
+    call = Call.unpack(call)
+    opts = call.opts
+    grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy,
+                                                  opts)
+    wanted = (opts.need_grad_hidden, opts.need_grad_weight, opts.need_grad_weight and bias is not None)
     return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
 
 
 @linear_logprobs_bwd.register_fake
-def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, temperature, ignore_index,
-      return_entropy, backend, memory_budget, deterministic, need_grad_hidden, need_grad_weight):
+def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, *call):
+    opts = Call.unpack(call).opts
+
     def like(t, wanted):
         return torch.empty_like(t) if (wanted and t is not None) else hidden.new_empty((0,))
 
-    return like(hidden, need_grad_hidden), like(weight, need_grad_weight), like(bias, need_grad_weight)
+    return like(hidden, opts.need_grad_hidden), like(weight, opts.need_grad_weight), like(bias, opts.need_grad_weight)
 
 
 def _linear_setup_context(ctx, inputs, output):
-    (hidden, weight, targets, bias, temperature, ignore_index, return_entropy, _need_lse, backend, memory_budget,
-     deterministic) = inputs
+    hidden, weight, targets, bias, *call = inputs
     _, entropy, lse = output
     ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
-    ctx.args = (temperature, ignore_index, return_entropy, backend, memory_budget, deterministic)
+    ctx.call = Call.unpack(tuple(call))
     ctx.has_bias = bias is not None
 
 
 def _linear_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
-    temperature, ignore_index, return_entropy, backend, memory_budget, deterministic = ctx.args
     if lse.numel() != hidden.shape[0]:
         raise RuntimeError("linear_logprobs: backward called on a forward that saved no statistics (need_lse=False)")
-    g_ent = grad_entropy if (return_entropy and grad_entropy is not None) else None
-    need_h = ctx.needs_input_grad[0]
-    need_w = ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[3])
-    gh, gw, gb = linear_logprobs_bwd(
-        grad_logp.to(lse.dtype), g_ent.to(lse.dtype) if g_ent is not None else None, hidden, weight, targets, bias, lse,
-        entropy if return_entropy else None, temperature, ignore_index, return_entropy, backend, memory_budget,
-        deterministic, need_h, need_w,
-    )
-    return (gh if need_h else None, gw if ctx.needs_input_grad[1] else None, None,
-            gb if (ctx.has_bias and ctx.needs_input_grad[3]) else None, None, None, None, None, None, None, None)
+    need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+    need_b = ctx.has_bias and need_b
+    call = ctx.call.for_backward(need_grad_hidden=need_h, need_grad_weight=need_w or need_b)
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, lse, entropy, call)
+    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, lse, ent, *call.pack())
+    return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None) + (None,) * _N_CALL
 
 
-torch.library.register_autograd(
-    "sgrpo::linear_logprobs_fwd", _linear_backward, setup_context=_linear_setup_context
-)
+torch.library.register_autograd("sgrpo::linear_logprobs_fwd", _linear_backward, setup_context=_linear_setup_context)
 
 
 # --------------------------------------------------------------------------------------------- logprobs_from_logits
 
+_LOGITS_BWD_TENSORS = "Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits, Tensor targets, Tensor lse, Tensor? entropy"
 
-@torch.library.custom_op("sgrpo::logprobs_from_logits_fwd", mutates_args=())
-def logprobs_from_logits_fwd(
-    logits: Tensor, targets: Tensor, temperature: float, ignore_index: int, return_entropy: bool, need_lse: bool,
-    backend: str, memory_budget: int, inplace_backward: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+
+@_custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", _STATS)
+def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
     """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
-    if _check_values():
-        check_target_values(targets, logits.shape[1], ignore_index)
-    opts = _options(temperature, ignore_index, return_entropy, need_lse, memory_budget, False)
-    return backends.get(backend).logprobs_from_logits_fwd(logits, targets, opts)
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, logits.shape[1], call.opts.ignore_index)
+    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts)
 
 
 @logprobs_from_logits_fwd.register_fake
-def _(logits, targets, temperature, ignore_index, return_entropy, need_lse, backend, memory_budget,
-      inplace_backward):
-    return _row_stats_fake(logits, logits.shape[0], return_entropy, need_lse)
+def _(logits, targets, *call):
+    return _row_stats_fake(logits, Call.unpack(call))
 
 
-@torch.library.custom_op("sgrpo::logprobs_from_logits_bwd", mutates_args=())
-def logprobs_from_logits_bwd(
-    grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
-    entropy: Tensor | None, temperature: float, ignore_index: int, return_entropy: bool, backend: str,
-    memory_budget: int,
-) -> Tensor:
+@_custom_op("logprobs_from_logits_bwd", _LOGITS_BWD_TENSORS.format(""), "Tensor")
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, *call: object):
     """-> grad_logits (N, V) in a new buffer."""
-    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, False)
-    return backends.get(backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts)
+    call = Call.unpack(call)
+    return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy,
+                                                      call.opts)
 
 
 @logprobs_from_logits_bwd.register_fake
-def _(grad_logp, grad_entropy, logits, targets, lse, entropy, temperature, ignore_index, return_entropy, backend,
-      memory_budget):
+def _(grad_logp, grad_entropy, logits, targets, lse, entropy, *call):
     return torch.empty_like(logits)
 
 
-@torch.library.custom_op("sgrpo::logprobs_from_logits_bwd_", mutates_args=("logits",))
-def logprobs_from_logits_bwd_(
-    grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
-    entropy: Tensor | None, temperature: float, ignore_index: int, return_entropy: bool, backend: str,
-    memory_budget: int,
-) -> None:
-    """In-place variant: overwrites `logits` with grad_logits (chunk by chunk, no second (N, V) buffer)."""
-    opts = _options(temperature, ignore_index, return_entropy, True, memory_budget, False, inplace=True)
-    backends.get(backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts)
+@_custom_op("logprobs_from_logits_bwd_", _LOGITS_BWD_TENSORS.format("(a!)"), "()", mutates=("logits",))
+def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, lse, entropy, *call: object) -> None:
+    """In-place variant (call.opts.inplace_backward): overwrites `logits` with grad_logits chunk by chunk, no second
+    (N, V) buffer."""
+    call = Call.unpack(call)
+    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, call.opts)
 
 
 @logprobs_from_logits_bwd_.register_fake
-def _(grad_logp, grad_entropy, logits, targets, lse, entropy, temperature, ignore_index, return_entropy, backend,
-      memory_budget):
+def _(grad_logp, grad_entropy, logits, targets, lse, entropy, *call):
     return None
 
 
 def _logits_setup_context(ctx, inputs, output):
-    logits, targets, temperature, ignore_index, return_entropy, _need_lse, backend, memory_budget, inplace = inputs
+    logits, targets, *call = inputs
     _, entropy, lse = output
     ctx.save_for_backward(logits, targets, lse, entropy)
-    ctx.args = (temperature, ignore_index, return_entropy, backend, memory_budget, inplace)
+    ctx.call = Call.unpack(tuple(call))
 
 
 def _logits_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     logits, targets, lse, entropy = ctx.saved_tensors
-    temperature, ignore_index, return_entropy, backend, memory_budget, inplace = ctx.args
     if lse.numel() != logits.shape[0]:
         raise RuntimeError("logprobs_from_logits: backward called on a forward that saved no statistics")
-    g_ent = grad_entropy.to(lse.dtype) if (return_entropy and grad_entropy is not None) else None
-    args = (grad_logp.to(lse.dtype), g_ent, logits, targets, lse, entropy if return_entropy else None, temperature,
-            ignore_index, return_entropy, backend, memory_budget)
-    if inplace:
+    call = ctx.call.for_backward()
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, lse, entropy, call)
+    args = (g_logp, g_ent, logits, targets, lse, ent, *call.pack())
+    if call.opts.inplace_backward:
         logprobs_from_logits_bwd_(*args)
         grad = logits
     else:
         grad = logprobs_from_logits_bwd(*args)
-    return grad, None, None, None, None, None, None, None, None
+    return (grad, None) + (None,) * _N_CALL
 
 
-torch.library.register_autograd(
-    "sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context
-)
+torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -219,23 +233,14 @@ torch.library.register_autograd(
 def _budget(memory_budget: int | None) -> int:
     if memory_budget is not None:
         return check_memory_budget(memory_budget)
-    env = os.environ.get(ENV_MEMORY_BUDGET_MB, "").strip()
-    if env:
-        try:
-            mib = float(env)
-        except ValueError:
-            mib = math.nan
-        if not math.isfinite(mib) or mib < 0 or mib * 2**20 >= 2**63:
-            raise ValueError(f"env {ENV_MEMORY_BUDGET_MB}={env!r}: expected a finite number of MiB >= 0 "
-                             "(0 = the backend's default)")
-        return int(mib * 2**20)
-    return 0
+    env = env_mebibytes(ENV_MEMORY_BUDGET_MB)
+    return 0 if env is None else env
 
 
-def _deterministic(flag: bool | None) -> bool:
+def _check_targets(flag: bool | None) -> bool:
     if flag is not None:
-        return check_flag("deterministic", flag)
-    return env_flag(ENV_DETERMINISTIC, False)
+        return check_flag("check_targets", flag)
+    return env_flag(ENV_CHECK_TARGETS, True)
 
 
 def linear_logprobs(
@@ -249,7 +254,7 @@ def linear_logprobs(
     return_entropy: bool = True,
     backend: str | None = None,
     memory_budget: int | None = None,
-    deterministic: bool | None = None,
+    check_targets: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
 
@@ -265,18 +270,26 @@ def linear_logprobs(
         backend: "torch", "triton", "npu" or None/"auto" (env SGRPO_BACKEND, else chosen by device).
         memory_budget: bytes for a backend's temporaries (env SGRPO_MEMORY_BUDGET_MB); default per backend: torch
             128 MiB of tiles, triton 64 MiB (backward dZ chunk), npu 256 MiB (logits chunk).
-        deterministic: bitwise reproducible gradients (env SGRPO_DETERMINISTIC); the torch backend always is.
+        check_targets: verify that every target lies in [0, V) or equals ignore_index (env SGRPO_CHECK_TARGETS,
+            default on). It costs one device-to-host sync per call; a caller that validated its targets once may
+            pass False for the calls that follow.
     """
     temperature, ignore_index = check_linear_inputs(hidden, weight, targets, bias, temperature, ignore_index)
-    name = backends.resolve(backend, hidden.device)
-    lead = targets.shape
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    call = Call(
+        backend=resolve(backend, hidden.device),
+        check_targets=_check_targets(check_targets),
+        opts=Options(
+            temperature=temperature, ignore_index=ignore_index,
+            return_entropy=check_flag("return_entropy", return_entropy), need_lse=needs_grad,
+            memory_budget=_budget(memory_budget),
+        ),
+    )
+    lead = targets.shape
     logp, entropy, _ = linear_logprobs_fwd(
-        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(), bias, temperature, ignore_index,
-        check_flag("return_entropy", return_entropy), needs_grad, name, _budget(memory_budget),
-        _deterministic(deterministic),
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(), bias, *call.pack()
     )
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
@@ -291,6 +304,7 @@ def logprobs_from_logits(
     backend: str | None = None,
     memory_budget: int | None = None,
     inplace_backward: bool = False,
+    check_targets: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
 
@@ -301,7 +315,7 @@ def logprobs_from_logits(
     Args:
         inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe
             when nothing else needs `logits` after this op's backward (autograd raises if something saved it).
-        backend, memory_budget: as in `linear_logprobs`.
+        backend, memory_budget, check_targets: as in `linear_logprobs`.
     """
     temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
     check_flag("return_entropy", return_entropy)
@@ -311,12 +325,17 @@ def logprobs_from_logits(
             "inplace_backward=True would overwrite logits, a leaf tensor that requires grad, with its own gradient; "
             "pass a non-leaf buffer (e.g. the output of the LM-head matmul) or use inplace_backward=False"
         )
-    name = backends.resolve(backend, logits.device)
+    call = Call(
+        backend=resolve(backend, logits.device),
+        check_targets=_check_targets(check_targets),
+        opts=Options(
+            temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy,
+            need_lse=torch.is_grad_enabled() and logits.requires_grad, memory_budget=_budget(memory_budget),
+            inplace_backward=inplace_backward,
+        ),
+    )
     lead = targets.shape
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    flat = logits.reshape(-1, logits.shape[-1])
     logp, entropy, _ = logprobs_from_logits_fwd(
-        flat, targets.reshape(-1).long(), temperature, ignore_index, bool(return_entropy), needs_grad, name,
-        _budget(memory_budget), bool(inplace_backward),
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), *call.pack()
     )
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)

@@ -27,20 +27,28 @@ def _inputs(N=6, D=8, V=37, bias=True, dtype=torch.float32, requires_grad=True):
 # ------------------------------------------------------------------------------------------------------- opcheck
 
 
+def _call(backend, **opts):
+    from sgrpo_kernels.ops import Call
+
+    return Call(backend, True, Options(**opts)).pack()
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("return_entropy", [True, False])
 def test_opcheck_linear(dev_backend, bias, return_entropy):
     device, backend = dev_backend
     h, w, t, b = (x.to(device) if x is not None else None for x in _inputs(bias=bias))
-    args = (h, w, t, b, 0.7, -100, return_entropy, True, backend, 0, False)
+    args = (h, w, t, b, *_call(backend, temperature=0.7, return_entropy=return_entropy, need_lse=True))
     torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_fwd.default, args)
     gl, ge = torch.randn(6, device=device), torch.randn(6, device=device)
     _, ent, lse = torch.ops.sgrpo.linear_logprobs_fwd(*[a.detach() if isinstance(a, torch.Tensor) else a
                                                         for a in args])
     bwd_args = (gl, ge if return_entropy else None, h.detach(), w.detach(), t, b.detach() if b is not None else None,
-                lse, ent if return_entropy else None, 0.7, -100, return_entropy, backend, 0, False)
+                lse, ent if return_entropy else None)
     for need_h, need_w in [(True, True), (True, False), (False, True)]:
-        torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_bwd.default, (*bwd_args, need_h, need_w))
+        call = _call(backend, temperature=0.7, return_entropy=return_entropy, need_grad_hidden=need_h,
+                     need_grad_weight=need_w)
+        torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_bwd.default, (*bwd_args, *call))
 
 
 @pytest.mark.parametrize("return_entropy", [True, False])
@@ -48,11 +56,12 @@ def test_opcheck_logits(dev_backend, return_entropy):
     device, backend = dev_backend
     z = torch.randn(5, 29, device=device, requires_grad=True)
     t = torch.randint(0, 29, (5,), device=device)
-    args = (z, t, 1.3, -100, return_entropy, True, backend, 0, False)
+    call = _call(backend, temperature=1.3, return_entropy=return_entropy, need_lse=True)
+    args = (z, t, *call)
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_fwd.default, args)
     _, ent, lse = torch.ops.sgrpo.logprobs_from_logits_fwd(z.detach(), *args[1:])
     bwd_args = (torch.randn(5, device=device), torch.randn(5, device=device) if return_entropy else None, z.detach(),
-                t, lse, ent if return_entropy else None, 1.3, -100, return_entropy, backend, 0)
+                t, lse, ent if return_entropy else None, *call)
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_bwd.default, bwd_args)
 
 
@@ -140,7 +149,8 @@ BAD_LINEAR = [
     (dict(memory_budget=1e6), TypeError, "memory_budget must be an int number of bytes"),
     (dict(ignore_index=2**63), ValueError, "ignore_index must fit in int64"),
     (dict(return_entropy="False"), TypeError, "return_entropy must be a bool, got str 'False'"),
-    (dict(deterministic="no"), TypeError, "deterministic must be a bool"),
+    (dict(check_targets="no"), TypeError, "check_targets must be a bool"),
+    (dict(deterministic=True), TypeError, "unexpected keyword argument 'deterministic'"),
     (dict(hidden=torch.randn(6, 0), weight=torch.randn(37, 0)), ValueError, "the hidden size D must not be 0"),
     (dict(backend="nope"), ValueError, "unknown backend"),
 ]
@@ -172,23 +182,37 @@ def test_memory_budget_env_is_checked(monkeypatch, env, ok):
 
 @pytest.mark.parametrize("env, ok", [("1", True), ("off", True), ("FALSE", True), ("Yes", True), ("", True),
                                      ("maybe", False), ("2", False)])
-def test_deterministic_env_is_checked(monkeypatch, env, ok):
-    monkeypatch.setenv("SGRPO_DETERMINISTIC", env)
+def test_check_targets_env_is_checked(monkeypatch, env, ok):
+    # the strict flag parser: junk such as "maybe" used to read as on (`!= "0"`)
+    monkeypatch.setenv("SGRPO_CHECK_TARGETS", env)
     if ok:
         assert torch.isfinite(_call_linear()[0]).all()
     else:
-        with pytest.raises(ValueError, match="env SGRPO_DETERMINISTIC="):
+        with pytest.raises(ValueError, match="env SGRPO_CHECK_TARGETS="):
             _call_linear()
 
 
-def test_deterministic_env_values(monkeypatch):
+def test_check_targets_env_values(monkeypatch):
     from sgrpo_kernels import ops
 
     for env, want in [("1", True), ("on", True), ("TRUE", True), ("no", False), ("off", False), ("0", False)]:
-        monkeypatch.setenv("SGRPO_DETERMINISTIC", env)
-        assert ops._deterministic(None) is want, env
-    monkeypatch.delenv("SGRPO_DETERMINISTIC")
-    assert ops._deterministic(None) is False and ops._deterministic(True) is True
+        monkeypatch.setenv("SGRPO_CHECK_TARGETS", env)
+        assert ops._check_targets(None) is want, env
+    monkeypatch.delenv("SGRPO_CHECK_TARGETS")
+    assert ops._check_targets(None) is True and ops._check_targets(False) is False
+
+
+def test_check_targets_keyword_skips_the_range_check():
+    h, w = torch.randn(3, 8), torch.randn(5, 8)
+    bad = torch.tensor([0, 7, 1])
+    with pytest.raises(ValueError, match="targets must lie in"):
+        sk.linear_logprobs(h, w, bad)
+    with pytest.raises(ValueError, match="targets must lie in"):
+        sk.logprobs_from_logits(h @ w.T, bad)
+    good = torch.tensor([0, 4, 1])
+    for check in (True, False):
+        logp, _ = sk.linear_logprobs(h, w, good, check_targets=check)
+        assert torch.allclose(logp, torch.log_softmax(h @ w.T, -1).gather(1, good[:, None])[:, 0], atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.backends.mps.is_available() and not torch.cuda.is_available(),

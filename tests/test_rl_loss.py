@@ -227,7 +227,11 @@ def test_matches_float64_reference(name, cfg, with_old):
         "adv_mean",
         "adv_std",
     }
-    assert all(isinstance(v, float) for v in metrics.values())
+    # 0-d tensors (no host sync inside the loss); metrics_to_floats converts them in one copy
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in metrics.values())
+    floats = rl.metrics_to_floats(metrics)
+    assert list(floats) == list(metrics) and all(isinstance(v, float) for v in floats.values())
+    assert floats["loss"] == pytest.approx(float(loss))
 
 
 def test_known_answer_on_policy_grpo():
@@ -449,3 +453,19 @@ def test_conflict_counts_checked(counts, exc, match):
     with pytest.raises(exc, match=match):
         rl.policy_loss(torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3, dtype=torch.bool),
                        rl.LossConfig(conflict_count_norm=True), conflict_counts=counts)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo", "gtpo", "gtpo_official", "s_grpo", "lite_ppo"])
+def test_policy_loss_makes_no_host_sync(name):
+    # The metrics are 0-d tensors: the loss never waits for the device (the trainer syncs once per step). On the meta
+    # device any device-to-host copy (.item(), .tolist(), bool(t)) raises, so the whole loss running there proves it.
+    inputs = make_inputs(3)
+    logp, old, ref, ent, mask, rewards, adv, tw, counts = (t.to("meta") for t in inputs)
+    cfg = rl.preset(name)
+    loss, metrics = rl.policy_loss(logp.requires_grad_(True), adv, mask, cfg, entropy=ent, old_logp=old, ref_logp=ref,
+                                   token_weights=tw, conflict_counts=counts)
+    assert loss.device.type == "meta" and loss.dim() == 0
+    assert all(v.device.type == "meta" and v.dim() == 0 for v in metrics.values())
+    loss.backward()
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        rl.metrics_to_floats(metrics)  # the one copy, left to the caller

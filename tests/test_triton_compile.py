@@ -28,7 +28,7 @@ SMEM_LIMIT = {90: 232448, 80: 166912}  # bytes of dynamic shared memory per bloc
 
 def _specs(arch: int, full: bool):
     """(name, kernel, arg types, constexprs, num_warps, num_stages) for every kernel and configuration to compile."""
-    from sgrpo_kernels.backends import triton_backend as tb
+    from sgrpo_kernels.backends.triton_backend import backward, configs, forward, logits
 
     hopper = arch >= 90
     dtypes = ["bf16", "fp16", "fp32"] if full else ["bf16", "fp32"]
@@ -42,32 +42,32 @@ def _specs(arch: int, full: bool):
         mm = dict(h_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32",
                   idx_ptr="*i32", count_ptr="*i32", dz_ptr=f"*{dt}", gw_ptr=f"*{dt}", gb_ptr=f"*{dt}")
         f32 = dt == "fp32"
-        tiles = tb._tile_configs(hopper, fp32=f32)
+        tiles = configs.tile_configs(hopper, fp32=f32)
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
             for split in (False, True):
-                add(f"fwd-{dt}-{i}-split{int(split)}", tb._linear_logprobs_fwd_kernel, mm,
+                add(f"fwd-{dt}-{i}-split{int(split)}", forward._linear_logprobs_fwd_kernel, mm,
                     dict(HAS_BIAS=True, WITH_ENTROPY=True, WITH_LSE=True, SPLIT=split, DOT_PRECISION="ieee"), cfg)
-        tiles = tb._tile_configs(hopper, epilogue_heavy=True, fp32=f32)
+        tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32)
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
-            add(f"dz-{dt}-{i}", tb._linear_logprobs_bwd_dz_kernel, mm,
+            add(f"dz-{dt}-{i}", backward._linear_logprobs_bwd_dz_kernel, mm,
                 dict(HAS_BIAS=True, HAS_GE=True, DOT_PRECISION="ieee"), cfg)
-        dh = tb._gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", f32)
+        dh = configs.gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", f32)
         for i, cfg in enumerate(dh if full or dt == "bf16" else dh[:1]):
-            add(f"dh-{dt}-{i}", tb._linear_logprobs_bwd_dh_kernel, mm, dict(DOT_PRECISION="ieee"), cfg)
-        dw = tb._gemm_configs(hopper, "BLOCK_V", "BLOCK_D", "BLOCK_K", f32)
+            add(f"dh-{dt}-{i}", backward._linear_logprobs_bwd_dh_kernel, mm, dict(DOT_PRECISION="ieee"), cfg)
+        dw = configs.gemm_configs(hopper, "BLOCK_V", "BLOCK_D", "BLOCK_K", f32)
         for i, cfg in enumerate(dw if full or dt == "bf16" else dw[:1]):
-            add(f"dw-{dt}-{i}", tb._linear_logprobs_bwd_dw_kernel, mm, dict(HAS_BIAS=True, DOT_PRECISION="ieee"),
+            add(f"dw-{dt}-{i}", backward._linear_logprobs_bwd_dw_kernel, mm, dict(HAS_BIAS=True, DOT_PRECISION="ieee"),
                 cfg)
         lg = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32")
-        for i, cfg in enumerate(tb._logits_fwd_configs()):
-            add(f"logits-fwd-{dt}-{i}", tb._logprobs_from_logits_fwd_kernel, lg, dict(WITH_ENTROPY=True, WITH_LSE=True),
-                cfg)
-        bw = tb._logits_bwd_config()
-        add(f"logits-bwd-{dt}", tb._logprobs_from_logits_bwd_kernel, lg, dict(HAS_GE=True),
+        for i, cfg in enumerate(configs.logits_fwd_configs()):
+            add(f"logits-fwd-{dt}-{i}", logits._logprobs_from_logits_fwd_kernel, lg,
+                dict(WITH_ENTROPY=True, WITH_LSE=True), cfg)
+        bw = configs.logits_bwd_config()
+        add(f"logits-bwd-{dt}", logits._logprobs_from_logits_bwd_kernel, lg, dict(HAS_GE=True),
             triton.Config({k: v for k, v in bw.items() if k.startswith("BLOCK")}, num_warps=bw["num_warps"]))
-    add("merge", tb._linear_logprobs_merge_kernel, dict(t_ptr="*i64"), dict(WITH_ENTROPY=True, WITH_LSE=True),
+    add("merge", forward._linear_logprobs_merge_kernel, dict(t_ptr="*i64"), dict(WITH_ENTROPY=True, WITH_LSE=True),
         triton.Config(dict(BLOCK=128), num_warps=4, num_stages=1))
-    add("compact", tb._compact_rows_kernel, dict(keep_ptr="*i32", rank_ptr="*i32", idx_ptr="*i32"), {},
+    add("compact", backward._compact_rows_kernel, dict(keep_ptr="*i32", rank_ptr="*i32", idx_ptr="*i32"), {},
         triton.Config(dict(BLOCK=1024), num_warps=4, num_stages=1))
     return out
 

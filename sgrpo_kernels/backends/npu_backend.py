@@ -26,17 +26,26 @@ from typing import Protocol
 
 import torch
 
-from sgrpo_kernels.backends import BackendUnavailableError, Options
+from sgrpo_kernels.backends.contract import BackendUnavailableError, Options
 
 DEVICE_TYPES: tuple[str, ...] = ("npu",)
 
 ENV_LIB = "SGRPO_NPU_LIB"
-# Flags of the kernels (csrc/ascend/sgrpo_tiling.h).
+
+# Kernel interface constants: THE Python definition of what csrc/ascend/sgrpo_tiling.h defines for C++ (the header is
+# not installed with the package, so it cannot be read at import). The CPU emulation driver (csrc/emu/sgrpo_emu.py)
+# and the tests import them from here; tests/test_npu_constants.py checks every value against the header.
+# Flags of the statistics kernel (sgrpo::kHasPrev ... kWriteLse) and of the gradient kernel (sgrpo::kHasGradEntropy).
 HAS_PREV, WRITE_STATE, FINALIZE, WRITE_ENTROPY, WRITE_LSE = 1, 2, 4, 8, 16
-STATE_FLOATS = 8
+HAS_GRAD_ENTROPY = 1
+STATE_FLOATS = 8  # floats of packed running state per row (sgrpo::kStateFloats)
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # sgrpo::kFloat32 / kFloat16 / kBFloat16
+UB_BYTES = 192 * 1024  # unified buffer of one AIV core (sgrpo::kUbBytes)
+MAX_TILE = 8192  # largest vocab tile in elements (sgrpo::kMaxTile)
+
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024  # [N, Vc] logits chunk
 CHUNK_QUANTUM = 256  # vocab columns; keeps chunk rows 32 B aligned for every dtype and cube-friendly
-_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+_SUPPORTED = tuple(DTYPE_CODE)
 
 
 class Kernels(Protocol):

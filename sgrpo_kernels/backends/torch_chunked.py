@@ -5,7 +5,7 @@ sized from a memory budget. Forward keeps per-row online statistics in fp32 (fp6
 fp64 outputs and so fp64-accurate gradients):
   m = running max,  s = sum exp(z - m),  u = sum exp(z - m) * (z - m),  z_y = target logit
 so that lse = m + log s and H = log s - u / s (tracking u relative to m avoids cancelling two large numbers when
-|z| is large). Backward recomputes each tile and applies (DESIGN.md)
+|z| is large). Backward recomputes each tile and applies (docs/design.md)
   dL/dz = g_logp * (1[j = y] - p) - g_H * p * (z - lse + H)
 after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
 -inf logits (masked vocabulary, -inf bias) are allowed: they get p = 0 and contribute 0, never NaN.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sgrpo_kernels.backends import Options, stats_dtype
+from sgrpo_kernels.backends.contract import Options, stats_dtype
 
 DEVICE_TYPES = ("*",)
 DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the temporaries of one call (tiles + weight-chunk copies)

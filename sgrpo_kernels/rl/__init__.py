@@ -1,7 +1,10 @@
-"""The RL layer: group advantages, GTPO conflict weights, entropy control, GRPO-family policy losses, presets, and the
-fused ``sgrpo_loss`` (hidden states -> loss without logits). Pure PyTorch on small [B, T] tensors, any device."""
+"""The RL layer: group advantages, GTPO conflict weights, entropy control, the loss config, the GRPO-family policy
+loss, presets and per-batch orchestration (``algorithm``), and the fused ``sgrpo_loss`` (hidden states -> loss without
+logits). Pure PyTorch on small [B, T] tensors, any device. Reference: docs/rl.md; the design: docs/design.md."""
 
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
+from sgrpo_kernels.rl.algorithm import PRESETS, GroupSignals, prepare_groups, preset
+from sgrpo_kernels.rl.config import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig
 from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import (
     LN2,
@@ -11,8 +14,7 @@ from sgrpo_kernels.rl.entropy import (
     top_entropy_mask,
 )
 from sgrpo_kernels.rl.fused import sgrpo_loss
-from sgrpo_kernels.rl.loss import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig, policy_loss
-from sgrpo_kernels.rl.presets import PRESETS, preset
+from sgrpo_kernels.rl.loss import metrics_to_floats, policy_loss
 
 __all__ = [
     "ADVANTAGE_METHODS",
@@ -22,13 +24,16 @@ __all__ = [
     "LN2",
     "LOSS_AGGS",
     "PRESETS",
+    "GroupSignals",
     "LossConfig",
     "adaptive_entropy_threshold",
     "completion_entropy",
     "conflict_weights",
     "entropy_threshold",
     "group_advantages",
+    "metrics_to_floats",
     "policy_loss",
+    "prepare_groups",
     "preset",
     "sgrpo_loss",
     "top_entropy_mask",

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.rl._checks import check_choice, check_group_size, check_number, check_tensor, compute_dtype
+from sgrpo_kernels.backends.contract import stats_dtype
+from sgrpo_kernels.validation import check_choice, check_group_size, check_number, check_tensor
 
 __all__ = ["ADVANTAGE_METHODS", "group_advantages"]
 
@@ -126,7 +127,7 @@ def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]
 
 def group_advantages(
     rewards: Tensor, group_size: int, method: str = "grpo", *, return_stats: bool = False, **options: Any
-) -> Tensor | tuple[Tensor, dict[str, float]]:
+) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
     r"""Group-relative advantages of B = n_groups * G completions.
 
     Args:
@@ -151,7 +152,8 @@ def group_advantages(
               rewards are all ``<= r_min`` (default 0) get :math:`A_i = -c` (``c=1.0``). Source: the project seed
               grpo-stability-experiments.md, section 3.2.
 
-        return_stats: also return a dict of floats: ``zero_variance_frac`` (groups whose valid rewards are all equal
+        return_stats: also return a dict of 0-d tensors (no host sync; :func:`~sgrpo_kernels.rl.metrics_to_floats`
+            converts them in one copy): ``zero_variance_frac`` (groups whose valid rewards are all equal
             or that have fewer than 2 valid rewards), ``all_pass_frac`` (all valid rewards ``>= r_max``),
             ``all_fail_frac`` (all ``<= r_min``), ``nan_frac`` (fraction of NaN rewards), ``reward_mean``,
             ``reward_std``, ``adv_mean``, ``adv_std`` (over valid completions).
@@ -171,7 +173,7 @@ def group_advantages(
     check_choice("method", method, ADVANTAGE_METHODS)
     opts = _resolve_options(method, options)
 
-    dtype = compute_dtype(rewards)
+    dtype = stats_dtype(rewards.dtype)
     r = rewards.detach().to(dtype).reshape(-1, g)  # [n_groups, G]
     valid = ~torch.isnan(r)
     r0 = torch.where(valid, r, torch.zeros_like(r))
@@ -197,7 +199,8 @@ def _all_below(r0: Tensor, valid: Tensor, r_min: float) -> Tensor:
     return has_any & (torch.where(valid, r0 <= r_min, torch.ones_like(valid))).all(dim=1, keepdim=True)
 
 
-def _stats(r0: Tensor, valid: Tensor, adv: Tensor, opts: dict[str, Any]) -> dict[str, float]:
+def _stats(r0: Tensor, valid: Tensor, adv: Tensor, opts: dict[str, Any]) -> dict[str, Tensor]:
+    """The statistics of `return_stats`, as 0-d tensors (no device-to-host sync here)."""
     n_groups = r0.shape[0]
     inf = torch.tensor(math.inf, dtype=r0.dtype, device=r0.device)
     gmax = torch.where(valid, r0, -inf).amax(dim=1)
@@ -214,28 +217,15 @@ def _stats(r0: Tensor, valid: Tensor, adv: Tensor, opts: dict[str, Any]) -> dict
     r_std = (torch.where(flat_valid, (rv - r_mean) ** 2, torch.zeros_like(rv)).sum() / n_total).sqrt()
     a_mean = torch.where(flat_valid, adv, torch.zeros_like(adv)).sum() / n_total
     a_std = (torch.where(flat_valid, (adv - a_mean) ** 2, torch.zeros_like(adv)).sum() / n_total).sqrt()
-    vals = torch.stack(
-        [
-            zero_var.to(r0.dtype).mean(),
-            all_pass.to(r0.dtype).mean(),
-            all_fail.to(r0.dtype).mean(),
-            1.0 - flat_valid.to(r0.dtype).mean(),
-            r_mean,
-            r_std,
-            a_mean,
-            a_std,
-        ]
-    ).tolist()
-    keys = (
-        "zero_variance_frac",
-        "all_pass_frac",
-        "all_fail_frac",
-        "nan_frac",
-        "reward_mean",
-        "reward_std",
-        "adv_mean",
-        "adv_std",
-    )
-    stats = dict(zip(keys, vals))
-    stats["num_groups"] = float(n_groups)
-    return stats
+    dt = r0.dtype
+    return {
+        "zero_variance_frac": zero_var.to(dt).mean(),
+        "all_pass_frac": all_pass.to(dt).mean(),
+        "all_fail_frac": all_fail.to(dt).mean(),
+        "nan_frac": 1.0 - flat_valid.to(dt).mean(),
+        "reward_mean": r_mean,
+        "reward_std": r_std,
+        "adv_mean": a_mean,
+        "adv_std": a_std,
+        "num_groups": torch.tensor(float(n_groups), dtype=dt, device=r0.device),
+    }

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.rl._checks import (
+from sgrpo_kernels.backends.contract import stats_dtype
+from sgrpo_kernels.validation import (
     check_choice,
     check_float_tensor,
     check_group_size,
@@ -18,7 +19,6 @@ from sgrpo_kernels.rl._checks import (
     check_rank,
     check_same_device,
     check_tensor,
-    compute_dtype,
 )
 
 __all__ = ["COMBINE_MODES", "CONFLICT_STRATEGIES", "conflict_weights"]
@@ -140,7 +140,7 @@ def conflict_weights(
     w_pos = check_number("w_pos", w_pos)
     w_neg = check_number("w_neg", w_neg)
 
-    dtype = compute_dtype(adv)
+    dtype = stats_dtype(adv.dtype)
     adv = adv.detach()
     pos, neg = adv > 0, adv < 0
     valid = mask != 0 if mask.dtype != torch.bool else mask

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.rl._checks import check_float_tensor, check_group_size, check_number
+from sgrpo_kernels.validation import check_float_tensor, check_group_size, check_number
 
 __all__ = [
     "LN2",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.rl._checks import check_float_tensor, check_mask, check_rank, check_tensor
-from sgrpo_kernels.rl.loss import LossConfig, policy_loss
+from sgrpo_kernels.ops import linear_logprobs
+from sgrpo_kernels.rl.config import LossConfig
+from sgrpo_kernels.rl.loss import policy_loss
+from sgrpo_kernels.validation import check_float_tensor, check_int_tensor, check_mask, check_rank
 
 __all__ = ["sgrpo_loss"]
 
@@ -33,8 +33,8 @@ def sgrpo_loss(
     ignore_index: int = -100,
     backend: str | None = None,
     memory_budget: int | None = None,
-    deterministic: bool = False,
-) -> tuple[Tensor, dict[str, float]]:
+    check_targets: bool | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
 
     .. math::
@@ -55,21 +55,19 @@ def sgrpo_loss(
             :func:`~sgrpo_kernels.rl.policy_loss` (``vocab_size`` is taken from ``weight``).
         compute_entropy: compute token entropies (default: only when the config needs them); when computed, the
             ``entropy_mean`` metric is reported.
-        ignore_index, backend, memory_budget, deterministic: forwarded to ``linear_logprobs``.
+        ignore_index, backend, memory_budget, check_targets: forwarded to ``linear_logprobs`` (``check_targets``
+            costs one host sync per call; a trainer that calls several times per step on the same targets can check
+            on the first call only).
 
     Returns:
         ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
     """
-    from sgrpo_kernels.ops import linear_logprobs  # late import: ops does not depend on the RL layer
-
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
     hidden = check_float_tensor("hidden", hidden)
     check_rank("hidden", hidden, 3, "[B, T, D]")
     b, t, _ = hidden.shape
-    targets = check_tensor("targets", targets)
-    if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
-        raise TypeError(f"targets must be an integer tensor, got dtype {targets.dtype}")
+    targets = check_int_tensor("targets", targets)
     if tuple(targets.shape) != (b, t):
         raise ValueError(f"targets has shape {tuple(targets.shape)}, expected ({b}, {t}) (the [B, T] of hidden)")
     mask = check_mask("mask", mask, (b, t), " (the [B, T] of hidden)")
@@ -84,13 +82,6 @@ def sgrpo_loss(
     valid = (mask != 0) & (targets != ignore_index)
     eff_targets = torch.where(valid, targets, torch.full_like(targets, ignore_index))
     eff_mask = valid if mask.dtype == torch.bool else torch.where(valid, mask, torch.zeros_like(mask))
-    options: dict[str, Any] = {}
-    if backend is not None:
-        options["backend"] = backend
-    if memory_budget is not None:
-        options["memory_budget"] = memory_budget
-    if deterministic:
-        options["deterministic"] = True
     logp, entropy = linear_logprobs(
         hidden,
         weight,
@@ -99,7 +90,9 @@ def sgrpo_loss(
         temperature=temperature,
         ignore_index=ignore_index,
         return_entropy=bool(compute_entropy),
-        **options,
+        backend=backend,
+        memory_budget=memory_budget,
+        check_targets=check_targets,
     )
     return policy_loss(
         logp,

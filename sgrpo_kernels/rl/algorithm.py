@@ -1,17 +1,70 @@
-"""Named LossConfig presets of the GRPO family; override any field with ``dataclasses.replace``.
+"""The algorithm level of the RL layer: named presets (a :class:`LossConfig` per GRPO-family algorithm) and the
+per-batch orchestration preset -> advantages -> conflict weights -> loss.
 
-Each preset names its advantage method and conflict strategy too, so a trainer runs it end to end:
-``adv = cfg.advantages(rewards, G)``, ``w, n = cfg.conflict_weights(ids, mask, adv, G)``,
-``loss, metrics = sgrpo_loss(hidden, weight, ids, adv, mask, cfg, token_weights=w, conflict_counts=n)``.
+A trainer runs one step as::
+
+    cfg = rl.preset("s_grpo")
+    groups = rl.prepare_groups(cfg, rewards, completion_ids, completion_mask, G)      # advantages, conflict weights
+    loss, metrics = sgrpo_loss(hidden, weight, completion_ids, groups.advantages, completion_mask, cfg,
+                               **groups.loss_kwargs())
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from sgrpo_kernels.rl.loss import LossConfig
+from torch import Tensor
 
-__all__ = ["PRESETS", "preset"]
+from sgrpo_kernels.rl.config import LossConfig
+
+__all__ = ["PRESETS", "GroupSignals", "prepare_groups", "preset"]
+
+
+# ------------------------------------------------------------------------------------------------ orchestration
+
+
+@dataclass(frozen=True)
+class GroupSignals:
+    """What the algorithm derives from whole groups before the loss (groups are contiguous: rows g*G .. g*G+G-1).
+
+    advantages: ``[B]``; token_weights / conflict_counts: ``[B, T]`` / ``[B]`` GTPO conflict weights and counts, None
+    without a conflict strategy; stats: the advantage statistics as 0-d tensors (``group_advantages(...,
+    return_stats=True)``); rewards and group_size: kept for the losses that need them (the adaptive entropy filter).
+    """
+
+    advantages: Tensor
+    token_weights: Tensor | None
+    conflict_counts: Tensor | None
+    stats: dict[str, Tensor]
+    rewards: Tensor
+    group_size: int
+
+    def loss_kwargs(self) -> dict:
+        """The keyword arguments of :func:`~sgrpo_kernels.rl.policy_loss` / ``sgrpo_loss`` that come from the groups."""
+        return dict(token_weights=self.token_weights, conflict_counts=self.conflict_counts, rewards=self.rewards,
+                    group_size=self.group_size)
+
+
+def prepare_groups(
+    config: LossConfig, rewards: Tensor, completion_ids: Tensor, completion_mask: Tensor, group_size: int
+) -> GroupSignals:
+    """Advantages (``config.advantage_method``) and conflict weights (``config.conflict_strategy``) of a batch of whole
+    groups, in one call: the trainer passes rewards and the group size once."""
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
+    adv, stats = config.advantages(rewards, group_size, return_stats=True)
+    weights, counts = config.conflict_weights(completion_ids, completion_mask, adv, group_size)
+    return GroupSignals(adv, weights, counts, stats, rewards, group_size)
+
+
+# ------------------------------------------------------------------------------------------------------ presets
+
+# GTPO's conflict rule (paper and official code): tokens shared at the same position by completions of opposite
+# advantage sign, on prefix and suffix runs; lambda 2 on the positive side, 0 on the negative side, prefix x suffix.
+_GTPO_CONFLICTS = dict(conflict_strategy="gtpo", conflict_w_pos=2.0, conflict_w_neg=0.0, conflict_combine="product")
+# S-GRPO's reading (seed): the same rule, positive side kept at 1 ("reduce gradient on conflicts"), negative masked.
+_SGRPO_CONFLICTS = {**_GTPO_CONFLICTS, "conflict_w_pos": 1.0}
 
 
 def _grpo() -> LossConfig:
@@ -60,10 +113,7 @@ def _gtpo() -> LossConfig:
     return LossConfig(
         name="gtpo",
         advantage_method="grpo",
-        conflict_strategy="gtpo",
-        conflict_w_pos=2.0,
-        conflict_w_neg=0.0,
-        conflict_combine="product",
+        **_GTPO_CONFLICTS,
         beta=0.0,
         loss_agg="seq-mean-token-mean",
         entropy_filter="ln2",
@@ -78,10 +128,7 @@ def _gtpo_official() -> LossConfig:
     return LossConfig(
         name="gtpo_official",
         advantage_method="dr_grpo",
-        conflict_strategy="gtpo",
-        conflict_w_pos=2.0,
-        conflict_w_neg=0.0,
-        conflict_combine="product",
+        **_GTPO_CONFLICTS,
         conflict_count_norm=True,
         beta=0.0,
         loss_agg="seq-sum-token-mean",
@@ -98,10 +145,7 @@ def _s_grpo() -> LossConfig:
     return LossConfig(
         name="s_grpo",
         advantage_method="grpo",
-        conflict_strategy="gtpo",
-        conflict_w_pos=1.0,
-        conflict_w_neg=0.0,
-        conflict_combine="product",
+        **_SGRPO_CONFLICTS,
         beta=0.0,
         entropy_filter="ln2",
         entropy_floor=0.3,
@@ -121,10 +165,7 @@ def _grpo_tc() -> LossConfig:
         name="grpo_tc",
         advantage_method="grpo",
         beta=0.0,
-        conflict_strategy="gtpo",
-        conflict_w_pos=1.0,
-        conflict_w_neg=0.0,
-        conflict_combine="product",
+        **_SGRPO_CONFLICTS,
     )
 
 

@@ -1,0 +1,92 @@
+"""The backend contract: what every backend implements and everything a backend may import from this package.
+
+A backend is a module that satisfies :class:`Backend`. The public ops (``sgrpo_kernels.ops``) validate every input,
+flatten leading dims and pick the backend before calling it, so a backend may assume well-formed 2-D / 1-D tensors:
+
+```
+linear_logprobs_fwd(hidden (N, D), weight (V, D), targets (N,) int64, bias (V,) | None, opts: Options)
+    -> (logp (N,), entropy (N,) or empty (0,) when not opts.return_entropy, lse (N,) or empty (0,) when not
+        opts.need_lse), all in stats_dtype(hidden.dtype)
+linear_logprobs_bwd(grad_logp (N,), grad_entropy (N,) | None, hidden, weight, targets, bias, lse (N,),
+                    entropy (N,) | None, opts: Options)
+    -> (grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) bias.dtype | None)
+       (grad_hidden may be None when not opts.need_grad_hidden; grad_weight and grad_bias when not
+       opts.need_grad_weight)
+logprobs_from_logits_fwd(logits (N, V), targets (N,), opts) -> (logp, entropy | empty, lse | empty)
+logprobs_from_logits_bwd(grad_logp, grad_entropy | None, logits, targets, lse, entropy | None, opts)
+    -> grad_logits (N, V) logits.dtype; when opts.inplace_backward, the gradient is written into `logits` itself and
+       `logits` is returned.
+```
+
+Rows whose target equals ``opts.ignore_index`` produce logp = 0, entropy = 0 and no gradient. ``grad_entropy is None``
+means the entropy output received no gradient (or was not requested). Rows whose two upstream gradients are exactly
+zero contribute nothing; backends should skip them before the matrix products.
+
+Backends import only this module from sgrpo_kernels (never each other, the registry, the ops or the RL layer).
+The math and the layers: docs/design.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels.validation import env_flag
+
+__all__ = ["Backend", "BackendUnavailableError", "Options", "env_flag", "stats_dtype"]
+
+
+def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
+    """The one dtype rule of the package: logp / entropy / lse, the torch backend's accumulation and the RL layer's
+    loss arithmetic are float32, or float64 for float64 inputs (bf16, fp16, fp32 and integer inputs give float32)."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend cannot run here (not installed, wrong device, no compiled kernels, ...). Raised by the registry when
+    it resolves a backend, and by a backend that finds out only when called (e.g. the npu extension fails to load)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-call options shared by every backend (the ops build one per call; every field has a safe default)."""
+
+    temperature: float = 1.0
+    ignore_index: int = -100
+    return_entropy: bool = True
+    need_lse: bool = True  # False for no-grad calls: nothing is kept for backward
+    memory_budget: int = 0  # bytes for temporaries; 0 = the backend's default
+    inplace_backward: bool = False  # logprobs_from_logits: write grad_logits into the logits buffer
+    need_grad_hidden: bool = True  # linear_logprobs_bwd may return None for a gradient that is not needed
+    need_grad_weight: bool = True  # (grad_weight and grad_bias); e.g. a frozen LM head under LoRA
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A backend module: four entry points (signatures in the module docstring), its devices, its availability."""
+
+    DEVICE_TYPES: tuple[str, ...]  # device types it serves; "*" = any
+
+    def is_available(self) -> tuple[bool, str]:
+        """(True, "") when it can run here, else (False, why)."""
+        ...
+
+    def linear_logprobs_fwd(
+        self, hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, opts: Options
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def linear_logprobs_bwd(
+        self, grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor, targets: Tensor,
+        bias: Tensor | None, lse: Tensor, entropy: Tensor | None, opts: Options,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]: ...
+
+    def logprobs_from_logits_fwd(self, logits: Tensor, targets: Tensor, opts: Options) -> tuple[Tensor, Tensor, Tensor]:
+        ...
+
+    def logprobs_from_logits_bwd(
+        self, grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
+        entropy: Tensor | None, opts: Options,
+    ) -> Tensor: ...

@@ -1,0 +1,88 @@
+"""The linear_logprobs forward kernels: `_linear_logprobs_fwd_kernel` (one program per row block and vocab split:
+logits tiles folded into the online row statistics, then logp / entropy / lse, or the split's partial statistics) and
+`_linear_logprobs_merge_kernel` (the log-sum-exp merge of those partials when the vocabulary is split)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tiles import NEG, finalize_store, logits_tile, online_update, target_logit
+
+__all__ = ["_linear_logprobs_fwd_kernel", "_linear_logprobs_merge_kernel"]
+
+
+@triton.jit
+def _linear_logprobs_fwd_kernel(
+    h_ptr, w_ptr, b_ptr, t_ptr,
+    logp_ptr, ent_ptr, lse_ptr,  # (N,) final outputs, written when not SPLIT
+    pm_ptr, ps_ptr, pu_ptr, pzy_ptr,  # (splits, N) partial statistics, written when SPLIT
+    N, V, D, v_per_split,
+    stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
+    inv_temp, ignore_index,
+    HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)  # rows on axis 0: up to 2^31 - 1 blocks
+    pid_s = tl.program_id(1)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    v_start = pid_s * v_per_split
+    v_end = tl.minimum(v_start + v_per_split, V)
+    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    u = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if pid_s == 0:  # the target logit is computed once per row, by the first split
+        zy = target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tgt, D, stride_hn, stride_hd, stride_wv, stride_wd,
+                          stride_b, inv_temp, HAS_BIAS, BLOCK_M, BLOCK_D)
+    else:
+        zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for v0 in range(v_start, v_end, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        col_ok = cols < v_end
+        z = logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, D, stride_hn, stride_hd, stride_wv,
+                        stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
+        z = tl.where(col_ok[None, :], tl.maximum(z, NEG), NEG)
+        m, s, u = online_update(m, s, u, z, WITH_ENTROPY)
+    if SPLIT:
+        off = pid_s.to(tl.int64) * N + rows
+        tl.store(pm_ptr + off, m, mask=row_ok)
+        tl.store(ps_ptr + off, s, mask=row_ok)
+        tl.store(pzy_ptr + off, zy, mask=row_ok)
+        if WITH_ENTROPY:
+            tl.store(pu_ptr + off, u, mask=row_ok)
+    else:
+        finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                       WITH_LSE)
+
+
+@triton.jit
+def _linear_logprobs_merge_kernel(
+    pm_ptr, ps_ptr, pu_ptr, pzy_ptr, t_ptr, logp_ptr, ent_ptr, lse_ptr, N, n_splits, ignore_index,
+    WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Combine the per-split statistics of each row (fixed split order: deterministic)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < N
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    m = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK,), dtype=tl.float32)
+    u = tl.zeros((BLOCK,), dtype=tl.float32)
+    zy = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in range(0, n_splits):
+        off = k * N + rows
+        mk = tl.load(pm_ptr + off, mask=row_ok, other=0.0)
+        sk = tl.load(ps_ptr + off, mask=row_ok, other=1.0)  # masked rows: finite log s
+        zy += tl.load(pzy_ptr + off, mask=row_ok, other=0.0)  # non-zero only in the split holding the target
+        m_new = tl.maximum(m, mk)
+        a = tl.exp(m - m_new)
+        b = tl.exp(mk - m_new)
+        if WITH_ENTROPY:
+            uk = tl.load(pu_ptr + off, mask=row_ok, other=0.0)
+            shift = tl.where(m == float("-inf"), 0.0, m - m_new)
+            u = a * (u + s * shift) + b * (uk + sk * (mk - m_new))
+        s = a * s + b * sk
+        m = m_new
+    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                   WITH_LSE)

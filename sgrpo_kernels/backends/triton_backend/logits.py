@@ -1,0 +1,71 @@
+"""The logprobs_from_logits kernels: `_logprobs_from_logits_fwd_kernel` (one pass over the vocabulary per row block
+with the online statistics) and `_logprobs_from_logits_bwd_kernel` (dlogits, possibly written over the logits)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tiles import LOGP_FLOOR, NEG, finalize_store, online_update
+
+__all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel"]
+
+
+@triton.jit
+def _logprobs_from_logits_fwd_kernel(
+    x_ptr, t_ptr, logp_ptr, ent_ptr, lse_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
+    WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    live = row_ok & (tgt != ignore_index)  # ignored rows: logits never read
+    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    s = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    u = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        col_ok = cols < V
+        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
+                    mask=live[:, None] & col_ok[None, :], other=0.0)
+        z = tl.where(col_ok[None, :], x.to(tl.float32) * inv_temp, NEG)
+        hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
+        zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
+        m, s, u = online_update(m, s, u, tl.maximum(z, NEG), WITH_ENTROPY)
+    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
+                   WITH_LSE)
+
+
+@triton.jit
+def _logprobs_from_logits_bwd_kernel(
+    x_ptr, t_ptr, lse_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, N, V,
+    stride_xn, stride_xv, stride_on, stride_ov, inv_temp, ignore_index,
+    HAS_GE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """dlogits chunk by chunk; out_ptr may alias x_ptr (each element is read, then written, by one program)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    gl = tl.load(gl_ptr + rows, mask=row_ok, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    live = gl != 0.0
+    if HAS_GE:
+        ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
+        ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
+        live = live | (ge != 0.0)
+    live = live & row_ok & (tgt != ignore_index)
+    for v0 in range(0, V, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        col_ok = cols < V
+        x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
+                    mask=live[:, None] & col_ok[None, :], other=0.0)
+        logp_j = tl.maximum(x.to(tl.float32) * inv_temp - lse[:, None], LOGP_FLOOR)
+        p = tl.exp(logp_j)
+        dz = -gl[:, None] * p
+        if HAS_GE:
+            dz -= ge[:, None] * p * (logp_j + ent[:, None])
+        dz += tl.where(tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None], gl[:, None], 0.0)
+        dz = tl.where(live[:, None], dz * inv_temp, 0.0)
+        tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :] * stride_ov,
+                 dz.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

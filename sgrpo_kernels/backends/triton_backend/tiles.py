@@ -1,0 +1,97 @@
+"""Shared `@triton.jit` tile helpers of the kernels: the matrix product, the logits tile, the online log-sum-exp /
+entropy update, the target logit and the final store of logp / entropy / lse (inlined into every kernel that calls
+them; docs in the package docstring)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "logits_tile", "mma", "online_update", "target_logit"]
+
+NEG = tl.constexpr(-1.0e30)  # masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0
+# -inf logits (masked vocabulary, -inf bias) are clamped to NEG for the statistics, and log p to LOGP_FLOOR in
+# the backward: exp of either is exactly 0, so p is unchanged and no 0 * inf = nan appears
+LOGP_FLOOR = tl.constexpr(-1.0e4)
+
+
+@triton.jit
+def mma(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """acc + a @ b. "upcast" (interpreter only): its numpy dot reads bf16 storage as raw uint16, so multiply in
+    fp32 there (exact products, fp32 accumulation: what the bf16 tensor-core path computes)."""
+    if DOT_PRECISION == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def logits_tile(
+    h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, D, stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
+    inv_temp,
+    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """z = (h[rows] @ W[cols]^T + b[cols]) * inv_temp as a (BLOCK_M, BLOCK_V) fp32 tile; rows/cols are int64."""
+    acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
+    h_base = h_ptr + rows[:, None] * stride_hn
+    w_base = w_ptr + cols[:, None] * stride_wv
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        d_ok = dd < D
+        h = tl.load(h_base + dd[None, :] * stride_hd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        w = tl.load(w_base + dd[None, :] * stride_wd, mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = mma(h, tl.trans(w), acc, DOT_PRECISION)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols * stride_b, mask=col_ok, other=0.0).to(tl.float32)
+        acc = acc + b[None, :]
+    return acc * inv_temp
+
+
+@triton.jit
+def online_update(m, s, u, z, WITH_ENTROPY: tl.constexpr):
+    """Fold the tile z (BLOCK_M, BLOCK_V) into the per-row statistics. Masked columns must hold NEG (finite, so
+    e * (z - m) is 0 * finite rather than 0 * inf: no per-element masks here, fewer live registers)."""
+    m_new = tl.maximum(m, tl.max(z, axis=1))
+    scale = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
+    zc = z - m_new[:, None]
+    e = tl.exp(zc)
+    if WITH_ENTROPY:
+        shift = tl.where(m == float("-inf"), 0.0, m - m_new)
+        u = scale * (u + s * shift) + tl.sum(e * zc, axis=1)
+    s = s * scale + tl.sum(e, axis=1)
+    return m_new, s, u
+
+
+@triton.jit
+def target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tgt, D, stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
+                 inv_temp, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """z_y = (h . W_y + b_y) * inv_temp per row, as a row-wise dot (kept out of the tile epilogue); 0 if ignored."""
+    ok = row_ok & (tgt >= 0)
+    y = tl.where(ok, tgt, 0)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + tl.arange(0, BLOCK_D)
+        mask = ok[:, None] & (dd < D)[None, :]
+        h = tl.load(h_ptr + rows[:, None] * stride_hn + dd[None, :] * stride_hd, mask=mask, other=0.0)
+        w = tl.load(w_ptr + y[:, None] * stride_wv + dd[None, :] * stride_wd, mask=mask, other=0.0)
+        acc += h.to(tl.float32) * w.to(tl.float32)
+    zy = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        zy += tl.load(b_ptr + y * stride_b, mask=ok, other=0.0).to(tl.float32)
+    return tl.where(ok, zy * inv_temp, 0.0)
+
+
+@triton.jit
+def finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, lse_ptr, rows, row_ok,
+                   WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr):
+    """Turn the row statistics into logp, entropy, lse (0 on ignored rows) and store the requested ones.
+    logp <= 0 and H >= 0 hold exactly: z_y comes from a row-wise dot, lse from the tiles' tensor-core sums, and on
+    a confident row (p ~ 1) their different summation orders would otherwise give log p ~ +1e-5."""
+    log_s = tl.log(s)
+    lse = m + log_s
+    tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.minimum(zy - lse, 0.0)), mask=row_ok)
+    if WITH_ENTROPY:
+        tl.store(ent_ptr + rows, tl.where(ignored, 0.0, tl.maximum(log_s - u / s, 0.0)), mask=row_ok)
+    if WITH_LSE:
+        tl.store(lse_ptr + rows, tl.where(ignored, 0.0, lse), mask=row_ok)

@@ -1,0 +1,179 @@
+"""LossConfig: every choice that defines a GRPO-family objective (advantages, conflicts, policy term, entropy control,
+aggregation), validated on construction. Named presets: :mod:`sgrpo_kernels.rl.algorithm`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
+from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
+from sgrpo_kernels.rl.entropy import parse_entropy_filter
+from sgrpo_kernels.validation import check_choice, check_number
+
+__all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "LossConfig"]
+
+IMPORTANCE_LEVELS = ("token", "sequence")
+LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-sum-token-mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    r"""Everything that defines a GRPO-family objective; presets are instances (:func:`sgrpo_kernels.rl.preset`).
+
+    Override a field with ``dataclasses.replace(config, beta=0.0)``; values are validated on construction.
+
+    Advantages and conflicts (computed per batch of groups by :func:`sgrpo_kernels.rl.prepare_groups`):
+        advantage_method / advantage_options: arguments of :func:`~sgrpo_kernels.rl.group_advantages`.
+        conflict_strategy: None (no conflict weighting) or a strategy of :func:`~sgrpo_kernels.rl.conflict_weights`,
+        with ``conflict_w_pos``, ``conflict_w_neg``, ``conflict_combine``.
+        conflict_count_norm: divide each completion's loss by ``max(1, n_conflict_i)`` (the official GTPO code; not
+        in the paper).
+
+    Policy term, per token: :math:`\ell_{it} = \max(-A_i \rho_{it}, -A_i\,\mathrm{clip}(\rho_{it}, 1-\epsilon_{low},
+    1+\epsilon_{high}))`; with ``dual_clip = c``, :math:`\ell_{it} = \min(\ell_{it}, -c A_i)` where :math:`A_i < 0`;
+    plus :math:`\beta\,k_3` with :math:`k_3 = e^{ref - \log\pi} - (ref - \log\pi) - 1`.
+        beta: KL coefficient (k3 against ``ref_logp``); 0 = reference-free.
+        epsilon_low / epsilon_high: PPO clip range (clip-higher when they differ, DAPO).
+        dual_clip: None or c > 1 (dual-clip PPO, Ye et al. 2020; verl ``clip_ratio_c``).
+        importance_level: ``"token"`` :math:`\rho_{it} = e^{\log\pi_{it} - \log\pi^{old}_{it}}` or ``"sequence"``
+        (GSPO) :math:`s_i = \exp(\frac{1}{|o_i|}\sum_t \log\pi_{it} - \log\pi^{old}_{it})`, token form
+        :math:`\rho_{it} = \mathrm{sg}(s_i)\,\pi_{it}/\mathrm{sg}(\pi_{it})`.
+        log_ratio_clip: the log-ratio is clamped to ``[-c, c]`` before ``exp`` (verl uses 20), and so is
+        ``ref - logp`` inside k3.
+        loss_agg: ``"seq-mean-token-mean"`` (GRPO: mean over non-empty completions of the per-completion token mean),
+        ``"token-mean"`` (DAPO: sum over tokens / number of valid tokens), ``"seq-mean-token-sum"``,
+        ``"seq-mean-token-sum-norm"`` (Dr. GRPO / TRL: sum / (B * max_completion_length); T when None),
+        ``"seq-sum-token-mean"`` (the official GTPO code: sum over completions of the token mean). Denominators count
+        valid (mask) tokens, including zero-weight and filtered ones.
+        positive_only: negative advantages set to 0 (policy term only updates positive completions).
+
+    Entropy (H from ``linear_logprobs``; differentiable terms use H, selections use detached H). The entropy terms
+    sum over *active* tokens only (valid, non-zero weight, not filtered), so every inactive token gets exactly zero
+    gradient:
+        entropy_coef: bonus, ``loss -= entropy_coef * agg(H)`` with the same ``loss_agg`` and the same denominators as
+        the policy term (verl), i.e. valid tokens: inactive tokens add 0 to the numerator but still count, so the
+        bonus shrinks with the masked / filtered fraction exactly as the policy term does. Negative values penalize
+        entropy (the GTPO paper's :math:`+\gamma\langle H\rangle`).
+        entropy_floor / entropy_ceiling / entropy_penalty_coef: ``loss += coef * (max(0, H_min - Hbar) +
+        max(0, Hbar - H_max))`` with Hbar the mean token entropy over active tokens (S-GRPO seed).
+        entropy_filter: completions whose mean token entropy :math:`\langle H\rangle_i` exceeds the threshold get zero
+        weight: a float, ``"ln2"``, ``"quantile:<q>"`` (q-quantile of the batch's completion entropies) or
+        ``"adaptive"`` (:func:`~sgrpo_kernels.rl.adaptive_entropy_threshold`; needs ``rewards``, ``group_size``,
+        ``vocab_size``).
+        entropy_advantage_shift: gamma of the official GTPO code's :math:`A_i - \gamma \langle H\rangle_i` (detached).
+        top_entropy_quantile: rho; only the top-rho fraction of active tokens by entropy is trained (80/20 paper).
+    """
+
+    name: str = "custom"
+    advantage_method: str = "grpo"
+    advantage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    conflict_strategy: str | None = None
+    conflict_w_pos: float = 2.0
+    conflict_w_neg: float = 0.0
+    conflict_combine: str = "product"
+    conflict_count_norm: bool = False
+    beta: float = 0.0
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: float | None = None
+    importance_level: str = "token"
+    log_ratio_clip: float = 20.0
+    loss_agg: str = "seq-mean-token-mean"
+    max_completion_length: int | None = None
+    positive_only: bool = False
+    entropy_coef: float = 0.0
+    entropy_floor: float | None = None
+    entropy_ceiling: float | None = None
+    entropy_penalty_coef: float = 0.0
+    entropy_filter: float | str | None = None
+    entropy_advantage_shift: float | None = None
+    top_entropy_quantile: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"LossConfig.name must be a string, got {type(self.name).__name__}")
+        check_choice("LossConfig.advantage_method", self.advantage_method, ADVANTAGE_METHODS)
+        if not isinstance(self.advantage_options, Mapping):
+            raise TypeError(f"LossConfig.advantage_options must be a mapping, got {type(self.advantage_options)}")
+        if self.conflict_strategy is not None:
+            check_choice("LossConfig.conflict_strategy", self.conflict_strategy, CONFLICT_STRATEGIES)
+        check_number("LossConfig.conflict_w_pos", self.conflict_w_pos)
+        check_number("LossConfig.conflict_w_neg", self.conflict_w_neg)
+        check_choice("LossConfig.conflict_combine", self.conflict_combine, COMBINE_MODES)
+        for flag in ("conflict_count_norm", "positive_only"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"LossConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
+        check_number("LossConfig.beta", self.beta, low=0.0)
+        check_number("LossConfig.epsilon_low", self.epsilon_low, low=0.0, high=1.0, high_open=True)
+        check_number("LossConfig.epsilon_high", self.epsilon_high, low=0.0)
+        if self.dual_clip is not None:
+            check_number("LossConfig.dual_clip", self.dual_clip, low=1.0, low_open=True)
+        check_choice("LossConfig.importance_level", self.importance_level, IMPORTANCE_LEVELS)
+        check_number("LossConfig.log_ratio_clip", self.log_ratio_clip, low=0.0, low_open=True)
+        check_choice("LossConfig.loss_agg", self.loss_agg, LOSS_AGGS)
+        mcl = self.max_completion_length
+        if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
+            raise ValueError(f"LossConfig.max_completion_length must be None or an int >= 1, got {mcl!r}")
+        check_number("LossConfig.entropy_coef", self.entropy_coef)
+        if self.entropy_floor is not None:
+            check_number("LossConfig.entropy_floor", self.entropy_floor, low=0.0)
+        if self.entropy_ceiling is not None:
+            check_number("LossConfig.entropy_ceiling", self.entropy_ceiling, low=0.0)
+        floor, ceiling = self.entropy_floor, self.entropy_ceiling
+        if floor is not None and ceiling is not None and floor > ceiling:
+            raise ValueError(
+                f"LossConfig.entropy_floor ({self.entropy_floor}) must be <= "
+                f"LossConfig.entropy_ceiling ({self.entropy_ceiling})"
+            )
+        check_number("LossConfig.entropy_penalty_coef", self.entropy_penalty_coef, low=0.0)
+        if self.entropy_filter is not None:
+            parse_entropy_filter(self.entropy_filter)
+        if self.entropy_advantage_shift is not None:
+            check_number("LossConfig.entropy_advantage_shift", self.entropy_advantage_shift)
+        if self.top_entropy_quantile is not None:
+            check_number("LossConfig.top_entropy_quantile", self.top_entropy_quantile, low=0.0, low_open=True, high=1.0)
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether :func:`policy_loss` needs the ``entropy`` argument for this config."""
+        return (
+            self.entropy_coef != 0.0
+            or (self.entropy_penalty_coef != 0.0 and (self.entropy_floor, self.entropy_ceiling) != (None, None))
+            or self.entropy_filter is not None
+            or self.entropy_advantage_shift is not None
+            or self.top_entropy_quantile is not None
+        )
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether :func:`policy_loss` needs ``ref_logp`` (beta > 0)."""
+        return self.beta > 0.0
+
+    def advantages(
+        self, rewards: Tensor, group_size: int, *, return_stats: bool = False
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+        """:func:`~sgrpo_kernels.rl.group_advantages` with this config's method and options."""
+        return group_advantages(
+            rewards, group_size, self.advantage_method, return_stats=return_stats, **dict(self.advantage_options)
+        )
+
+    def conflict_weights(
+        self, completion_ids: Tensor, completion_mask: Tensor, advantages: Tensor, group_size: int
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """:func:`~sgrpo_kernels.rl.conflict_weights` with this config's strategy, or ``(None, None)`` without one."""
+        if self.conflict_strategy is None:
+            return None, None
+        return conflict_weights(
+            completion_ids,
+            completion_mask,
+            advantages,
+            group_size,
+            self.conflict_strategy,
+            w_pos=self.conflict_w_pos,
+            w_neg=self.conflict_w_neg,
+            combine=self.conflict_combine,
+        )

@@ -1,0 +1,258 @@
+"""Every boundary check of the package, in one place: the ops, the RL layer and the trainer raise the same errors, and
+each names the argument, the value (or shape, dtype, device) seen and what was expected. Also the one strict parser of
+boolean flags (environment variables and command-line text).
+
+This module imports nothing from sgrpo_kernels: it is the bottom layer (docs/design.md).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import torch
+from torch import Tensor
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_INT64 = (-(2**63), 2**63 - 1)
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+# ------------------------------------------------------------------------------------------------ flags and numbers
+
+
+def parse_flag(text: str, what: str) -> bool:
+    """A boolean written as text: 1/0, true/false, yes/no, on/off (any case). Anything else raises ValueError naming
+    `what` (e.g. "env SGRPO_CHECK_TARGETS" or "--lora") and the value: junk never reads as on."""
+    value = text.strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValueError(f"{what}={text!r}: expected one of 1/0, true/false, yes/no, on/off")
+    return value in _TRUE
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A boolean environment variable (see :func:`parse_flag`); unset or empty = `default`."""
+    text = os.environ.get(name, "")
+    return parse_flag(text, f"env {name}") if text.strip() else default
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A boolean keyword: a str such as "False" would otherwise count as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_number(
+    name: str,
+    x: object,
+    *,
+    low: float | None = None,
+    low_open: bool = False,
+    high: float | None = None,
+    high_open: bool = False,
+) -> float:
+    """A finite Python number (not a bool, not a tensor) within the given bounds."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name} must be a Python number, got {type(x).__name__}")
+    v = float(x)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    if low is not None and (v <= low if low_open else v < low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {x!r}")
+    if high is not None and (v >= high if high_open else v > high):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {x!r}")
+    return v
+
+
+def check_choice(name: str, x: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(x, str):
+        raise TypeError(f"{name} must be a string, one of {choices}, got {type(x).__name__}")
+    if x not in choices:
+        raise ValueError(f"unknown {name} {x!r}; expected one of {choices}")
+    return x
+
+
+def check_temperature(temperature: object) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a Python float, got {type(temperature).__name__}")
+    t = float(temperature)
+    if not math.isfinite(t) or t <= 0.0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    return t
+
+
+def check_ignore_index(ignore_index: object) -> int:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be a Python int, got {type(ignore_index).__name__}")
+    if not _INT64[0] <= ignore_index <= _INT64[1]:
+        raise ValueError(f"ignore_index must fit in int64 (targets are int64), got {ignore_index}")
+    return ignore_index
+
+
+def check_memory_budget(memory_budget: object) -> int:
+    """Bytes: a non-negative int below 2**63 (0 = the backend's default)."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral):
+        raise TypeError(f"memory_budget must be an int number of bytes or None, got {type(memory_budget).__name__} "
+                        f"{memory_budget!r}")
+    value = int(memory_budget)
+    if not 0 <= value <= _INT64[1]:
+        raise ValueError(f"memory_budget must be in [0, 2**63) bytes (0 = the backend's default), got {value}")
+    return value
+
+
+def env_mebibytes(name: str) -> int | None:
+    """A size in MiB from the environment, as bytes; None when unset or empty."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = math.nan
+    if not math.isfinite(mib) or mib < 0 or mib * 2**20 >= 2**63:
+        raise ValueError(f"env {name}={text!r}: expected a finite number of MiB >= 0 (0 = the backend's default)")
+    return int(mib * 2**20)
+
+
+def check_group_size(group_size: object, batch: int, batch_name: str) -> int:
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise TypeError(f"group_size must be a Python int, got {type(group_size).__name__}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if batch % group_size != 0:
+        raise ValueError(
+            f"the batch size B = {batch} of {batch_name} is not a multiple of group_size = {group_size} "
+            "(groups are contiguous: completions g*G .. g*G+G-1 belong to prompt g)"
+        )
+    return group_size
+
+
+# ------------------------------------------------------------------------------------------------------- tensors
+
+
+def shape_str(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def check_tensor(name: str, x: object) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_float_tensor(name: str, x: object, shape: tuple[int, ...] | None = None, what: str = "") -> Tensor:
+    """A float32 / bfloat16 / float16 / float64 tensor, of `shape` when given (`what` explains where it comes from)."""
+    x = check_tensor(name, x)
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating tensor (float32, bfloat16, float16 or float64), got dtype {x.dtype}"
+        )
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {shape_str(x)}, expected {tuple(shape)}{what}")
+    return x
+
+
+def check_int_tensor(name: str, x: object) -> Tensor:
+    """An integer tensor (int64, int32, ...): not bool, not floating, not complex."""
+    x = check_tensor(name, x)
+    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{name} must be an integer tensor (e.g. int64 or int32), got dtype {x.dtype}")
+    return x
+
+
+def check_mask(name: str, x: object, shape: tuple[int, ...], what: str = "") -> Tensor:
+    """A mask is bool (True = valid) or floating (non-zero = valid, value = weight); integer masks are refused."""
+    x = check_tensor(name, x)
+    if x.dtype != torch.bool and not x.is_floating_point():
+        raise TypeError(f"{name} must be a bool or floating tensor, got dtype {x.dtype}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {shape_str(x)}, expected {tuple(shape)}{what}")
+    return x
+
+
+def check_rank(name: str, x: Tensor, ndim: int, layout: str) -> None:
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {shape_str(x)}")
+
+
+def check_same_device(name: str, x: Tensor, ref: Tensor, ref_name: str) -> None:
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device}, expected {ref.device} (the device of {ref_name})")
+
+
+def check_targets(targets: object, lead: torch.Size, lead_name: str, device: torch.device) -> Tensor:
+    targets = check_int_tensor("targets", targets)
+    if targets.shape != lead:
+        raise ValueError(
+            f"targets has shape {shape_str(targets)}, expected the leading shape of {lead_name}, {tuple(lead)}"
+        )
+    if targets.device != device:
+        raise ValueError(f"targets is on {targets.device}, expected {device} (the device of {lead_name})")
+    return targets
+
+
+def check_target_values(targets: Tensor, vocab: int, ignore_index: int) -> None:
+    """Value check: every target is in [0, V) or equals ignore_index. Costs one device-to-host sync (`bool(...)`)."""
+    if targets.numel() == 0:
+        return
+    bad = ((targets < 0) | (targets >= vocab)) & (targets != ignore_index)
+    if bool(bad.any()):
+        first = targets[bad][:5].tolist()
+        raise ValueError(
+            f"targets must lie in [0, {vocab}) = [0, V) or equal ignore_index={ignore_index}; "
+            f"found {int(bad.sum())} out-of-range value(s), e.g. {first}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------- the two ops' inputs
+
+
+def check_linear_inputs(
+    hidden: object, weight: object, targets: object, bias: object, temperature: object, ignore_index: object
+) -> tuple[float, int]:
+    """Every argument of `linear_logprobs` except the value range of targets; returns (temperature, ignore_index)."""
+    hidden = check_float_tensor("hidden", hidden)
+    weight = check_float_tensor("weight", weight)
+    if hidden.dim() < 1:
+        raise ValueError("hidden must have shape (..., D), got a 0-d tensor")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D with shape (V, D), got shape {shape_str(weight)}")
+    V, D = weight.shape
+    if V == 0:
+        raise ValueError("weight has V = 0 rows: the vocabulary must not be empty")
+    if D == 0:
+        raise ValueError(f"weight has shape {shape_str(weight)}: the hidden size D must not be 0")
+    if hidden.shape[-1] != D:
+        raise ValueError(
+            f"hidden has last dim {hidden.shape[-1]} (shape {shape_str(hidden)}), "
+            f"expected D = {D} from weight {shape_str(weight)}"
+        )
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden has dtype {hidden.dtype} but weight has dtype {weight.dtype}; they must match")
+    if hidden.device != weight.device:
+        raise ValueError(f"hidden is on {hidden.device} but weight is on {weight.device}; they must match")
+    if bias is not None:
+        bias = check_float_tensor("bias", bias)
+        if bias.shape != (V,):
+            raise ValueError(f"bias must have shape ({V},) = (V,), got {shape_str(bias)}")
+        if bias.dtype != weight.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype} but weight has dtype {weight.dtype}; they must match")
+        if bias.device != weight.device:
+            raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}; they must match")
+    check_targets(targets, hidden.shape[:-1], "hidden", hidden.device)
+    return check_temperature(temperature), check_ignore_index(ignore_index)
+
+
+def check_logits_inputs(
+    logits: object, targets: object, temperature: object, ignore_index: object
+) -> tuple[float, int]:
+    """Every argument of `logprobs_from_logits` except the value range of targets."""
+    logits = check_float_tensor("logits", logits)
+    if logits.dim() < 1:
+        raise ValueError("logits must have shape (..., V), got a 0-d tensor")
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits has shape {shape_str(logits)}: the vocabulary (last dim) must not be empty")
+    check_targets(targets, logits.shape[:-1], "logits", logits.device)
+    return check_temperature(temperature), check_ignore_index(ignore_index)
