@@ -1,7 +1,7 @@
 """CPU benchmark: the reference path (full logits) against the chunked `torch` backend at real LM-head shapes.
 
-    python benchmarks/bench_cpu.py                       # all shapes, writes benchmarks/results/cpu.{csv,md}
-    python benchmarks/bench_cpu.py --models qwen2.5-0.5b --tokens 2048 --repeats 3
+    python -m benchmarks.bench_cpu                       # all shapes, writes benchmarks/results/cpu.{csv,md}
+    python -m benchmarks.bench_cpu --models qwen2.5-0.5b --tokens 2048 --repeats 3
 
 - peak_extra_mb: one call per provider in a fresh subprocess; the peak resident memory during the call (VmHWM, reset
   just before it) minus the resident memory just before it (inputs already allocated), minus the size of the
@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, versions, write_csv
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
 
 MODELS = {"smollm2-135m": (576, 49152), "qwen2.5-0.5b": (896, 151936)}
 PROVIDERS = ("reference", "torch")
@@ -118,8 +120,8 @@ def _worker_time(D: int, V: int, N: int, mode: str, repeats: int, warmup: int) -
 
 
 def _spawn(*args) -> dict:
-    cmd = [sys.executable, __file__, "--_worker", json.dumps(list(args))]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "benchmarks.bench_cpu", "--_worker", json.dumps(list(args))]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -130,9 +132,7 @@ def _agree(a: dict, b: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, versions, write_csv
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--tokens", nargs="+", type=int, default=[256, 1024, 2048])
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             "mem_vs_ref"]
     header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
               f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
-              f"Command: python benchmarks/bench_cpu.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")
+              f"Command: python -m benchmarks.bench_cpu {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")
     out.with_suffix(".md").write_text(header + markdown_table(rows, cols) + "\n")
     print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.md')}")
     return 0

@@ -1,7 +1,9 @@
 """CUDA benchmark of the fused LM-head log-prob + entropy op against the reference path and peers.
 
-    python benchmarks/bench_gpu.py                              # both shapes, all modes, every importable provider
-    python benchmarks/bench_gpu.py --shapes 8192x4096x131072 --providers triton,reference --repeats 20
+    python -m benchmarks.bench_gpu                              # both shapes, all modes, every importable provider
+    python -m benchmarks.bench_gpu --shapes 8192x4096x131072 --providers triton,reference --repeats 20
+
+(from the repository root: the benchmarks are a package, run as modules).
 
 Providers: `reference` (sgrpo_kernels.reference: full bf16 logits + autograd, the baseline), `torch` (chunked backend),
 `triton` (this package's kernels), and when importable:
@@ -35,18 +37,26 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-from common import RESULTS, git_sha, markdown_table, quantiles, versions, write_csv  # noqa: E402
+from benchmarks.common import (
+    IGNORE,
+    RESULTS,
+    git_sha,
+    lm_head_inputs,
+    make_call,
+    markdown_table,
+    parse_shape,
+    quantiles,
+    versions,
+    write_csv,
+)
 
 COLUMNS = ["device", "provider", "mode", "M", "D", "V", "dtype", "zero_grad_frac", "ms_median", "ms_p20", "ms_p80",
            "tflops", "peak_mem_gb", "versions", "git_sha"]
 SHAPES = ["8192x4096x131072", "8192x2304x256000"]  # M x D x V: a published peer shape; a Gemma-2-like one
 MODES = [("fwd", 0.0), ("fwd+bwd", 0.0), ("fwd+bwd", 0.5)]
 PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce"]
-IGNORE = -100
 
 
 # ------------------------------------------------------------------------------------------------- providers
@@ -130,42 +140,6 @@ class _Timer:
             torch.cuda.synchronize()
 
 
-def _setup(M: int, D: int, V: int, dtype: torch.dtype, device: torch.device, zero_frac: float, seed: int = 0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    hidden = (torch.randn(M, D, generator=g) * 2.0).to(device, dtype)  # |h| ~ sqrt(D): LM-head-like logits
-    weight = (torch.randn(V, D, generator=g) * (2.0 / D)).to(device, dtype)
-    targets = torch.randint(0, V, (M,), generator=g).to(device)
-    g_logp = torch.randn(M, generator=g)
-    g_ent = torch.randn(M, generator=g)
-    if zero_frac > 0:
-        dead = torch.randperm(M, generator=g)[: int(round(zero_frac * M))]
-        g_logp[dead] = 0
-        g_ent[dead] = 0
-    return hidden, weight, targets, g_logp.to(device), g_ent.to(device)
-
-
-def _make_call(fn, mode: str, hidden, weight, targets, g_logp, g_ent):
-    if mode == "fwd":
-        def call():
-            with torch.no_grad():
-                return fn(hidden, weight, targets)
-        return call
-    h = hidden.detach().requires_grad_(True)
-    w = weight.detach().requires_grad_(True)
-
-    def call():
-        h.grad = None
-        w.grad = None
-        logp, ent = fn(h, w, targets)
-        loss = (logp * g_logp).sum()
-        if ent is not None:
-            loss = loss + (ent * g_ent).sum()
-        loss.backward()
-        return logp, ent, h.grad
-
-    return call
-
-
 # Relative slack on top of twice the naive same-dtype error (CONVENTIONS.md: tolerances come from the data).
 _GATE_TOL = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
@@ -175,7 +149,7 @@ def _check(fn, mode, hidden, weight, targets, g_logp, g_ent, n_sample: int = 128
     scale = max(1, max |fp64|), tol from _GATE_TOL."""
     from sgrpo_kernels import reference as ref
 
-    out = _make_call(fn, mode, hidden, weight, targets, g_logp, g_ent)()
+    out = make_call(fn, mode, hidden, weight, targets, g_logp, g_ent)()
     logp = out[0]
     rows = torch.randperm(hidden.shape[0], device="cpu")[:n_sample].to(hidden.device)
     he = hidden[rows].double().requires_grad_(True)
@@ -311,15 +285,6 @@ def targets_report(rows: list[dict], provider: str = "triton") -> list[str]:
     return out
 
 
-def parse_shape(ap: argparse.ArgumentParser, flag: str, item: str) -> tuple[int, int, int]:
-    """'MxDxV' -> (M, D, V), three positive integers; otherwise an argparse error naming `flag`."""
-    parts = item.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        ap.error(f"{flag}: {item!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
-    m, d, v = (int(p) for p in parts)
-    return m, d, v
-
-
 def _parse_shapes(ap: argparse.ArgumentParser, text: str) -> list[tuple[int, int, int]]:
     shapes = [parse_shape(ap, "--shapes", item) for item in [x.strip() for x in text.split(",") if x.strip()]]
     if not shapes:
@@ -344,7 +309,7 @@ def _parse_modes(ap: argparse.ArgumentParser, text: str) -> list[tuple[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated MxDxV")
     ap.add_argument("--providers", default=",".join(PROVIDERS))
     ap.add_argument("--modes", default="fwd,fwd+bwd,fwd+bwd@0.5", help="fwd, fwd+bwd, fwd+bwd@FRAC (zero-grad rows)")
@@ -365,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"expected a comma-separated subset of {', '.join(PROVIDERS)}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("bench_gpu.py: no CUDA device here, nothing measured (benchmarks/bench_cpu.py covers CPUs).",
+        print("bench_gpu: no CUDA device here, nothing measured (python -m benchmarks.bench_cpu covers CPUs).",
               file=sys.stderr)
         return 2
     dtype = getattr(torch, args.dtype)
@@ -400,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     for M, D, V in shapes:
         for mode, zero in modes:
             try:
-                data = _setup(M, D, V, dtype, device, zero)
+                data = lm_head_inputs(M, D, V, dtype, device, zero)
             except torch.OutOfMemoryError:
                 notes.append(f"{M}x{D}x{V}: inputs do not fit")
                 continue
@@ -414,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                         notes.append(f"{p} {M}x{D}x{V} {mode} zero={zero}: NOT REPORTED, failed the check: {why}")
                         print(notes[-1], file=sys.stderr)
                         continue
-                    call = _make_call(fn, mode, *data)
+                    call = make_call(fn, mode, *data)
                     peak = _peak_extra_gb(call, device)
                     times = timer(call, args.repeats, args.warmup)
                 except torch.OutOfMemoryError:

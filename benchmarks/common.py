@@ -1,7 +1,10 @@
-"""Helpers shared by the benchmark scripts: environment record, timing statistics, table writing."""
+"""Helpers shared by the benchmark scripts (`python -m benchmarks.<script>` from the repository root): environment
+record, timing statistics, table writing, and the MxDxV shape argument, inputs and timed call of the CUDA LM-head
+benchmarks (bench_gpu, profile_gpu)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import platform
 import statistics
@@ -11,6 +14,7 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+IGNORE = -100  # ignore_index of every benchmarked call
 
 
 def git_sha() -> str:
@@ -66,3 +70,52 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(str(r[c]) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def parse_shape(ap: argparse.ArgumentParser, flag: str, item: str) -> tuple[int, int, int]:
+    """'MxDxV' -> (M, D, V), three positive integers; otherwise an argparse error naming `flag`."""
+    parts = item.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        ap.error(f"{flag}: {item!r} is not MxDxV with three positive integers (e.g. 8192x4096x131072)")
+    m, d, v = (int(p) for p in parts)
+    return m, d, v
+
+
+def lm_head_inputs(M: int, D: int, V: int, dtype: torch.dtype, device: torch.device, zero_frac: float, seed: int = 0):
+    """hidden (M, D), weight (V, D), targets (M,) and upstream gradients g_logp, g_ent (M,) with LM-head-like logits;
+    a `zero_frac` fraction of the rows gets both upstream gradients exactly 0."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    hidden = (torch.randn(M, D, generator=g) * 2.0).to(device, dtype)  # |h| ~ sqrt(D): LM-head-like logits
+    weight = (torch.randn(V, D, generator=g) * (2.0 / D)).to(device, dtype)
+    targets = torch.randint(0, V, (M,), generator=g).to(device)
+    g_logp = torch.randn(M, generator=g)
+    g_ent = torch.randn(M, generator=g)
+    if zero_frac > 0:
+        dead = torch.randperm(M, generator=g)[: int(round(zero_frac * M))]
+        g_logp[dead] = 0
+        g_ent[dead] = 0
+    return hidden, weight, targets, g_logp.to(device), g_ent.to(device)
+
+
+def make_call(fn, mode: str, hidden, weight, targets, g_logp, g_ent):
+    """The measured call of `fn(hidden, weight, targets) -> (logp, entropy | None)`: `fwd` = no-grad forward;
+    `fwd+bwd` = forward + backward of sum(g_logp * logp + g_ent * entropy), returning (logp, entropy, grad_hidden)."""
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                return fn(hidden, weight, targets)
+        return call
+    h = hidden.detach().requires_grad_(True)
+    w = weight.detach().requires_grad_(True)
+
+    def call():
+        h.grad = None
+        w.grad = None
+        logp, ent = fn(h, w, targets)
+        loss = (logp * g_logp).sum()
+        if ent is not None:
+            loss = loss + (ent * g_ent).sum()
+        loss.backward()
+        return logp, ent, h.grad
+
+    return call

@@ -3,8 +3,9 @@
 # on a CUDA machine (no network needed; the package is pure Python and is used from the checkout):
 #
 #   bash benchmarks/gpu_session.sh tests   # gpu-marked tests, then the shared op suite on CUDA   -> pytest_*.log
-#   bash benchmarks/gpu_session.sh bench   # bench_gpu.py (both issue shapes, 3 modes) -> gpu.{csv,md,png}, then
-#                                          # profile_gpu.py's kernel breakdowns (fwd, fwd+bwd, 50% zero) -> profile.log
+#   bash benchmarks/gpu_session.sh bench   # benchmarks.bench_gpu (both issue shapes, 3 modes) -> gpu.{csv,md,png},
+#                                          # then benchmarks.profile_gpu's kernel breakdowns (fwd, fwd+bwd, 50% zero)
+#                                          # -> profile.log
 #   bash benchmarks/gpu_session.sh all     # both, in that order
 #
 # Output goes to $OUT when it is set (the device tool's return folder, 8 files at most: `all` writes 8), else
@@ -20,7 +21,7 @@ case "$what" in tests|bench|all) ;; *) echo "usage: $0 tests|bench|all" >&2; exi
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 py=${PYTHON:-python3}
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # sgrpo_kernels, and benchmarks.* for `-m`
 unset TRITON_INTERPRET  # the real kernels, on the GPU
 status=0
 if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -69,11 +70,11 @@ if [ "$what" != bench ]; then
     tests/test_op_contract.py
 fi
 if [ "$what" != tests ]; then
-  step bench_gpu "$py" benchmarks/bench_gpu.py --out "$out/gpu"
+  step bench_gpu "$py" -m benchmarks.bench_gpu --out "$out/gpu"
   # kernel-by-kernel breakdown at the issue's H100 target shape, dense and with half the rows at zero gradient
   tmp=$(mktemp -d)
-  step profile bash -c "'$py' benchmarks/profile_gpu.py --out '$tmp/dense.md' && \
-    '$py' benchmarks/profile_gpu.py --zero-frac 0.5 --out '$tmp/zero50.md' && \
-    '$py' benchmarks/profile_gpu.py --mode fwd --out '$tmp/fwd.md'"
+  step profile bash -c "'$py' -m benchmarks.profile_gpu --out '$tmp/dense.md' && \
+    '$py' -m benchmarks.profile_gpu --zero-frac 0.5 --out '$tmp/zero50.md' && \
+    '$py' -m benchmarks.profile_gpu --mode fwd --out '$tmp/fwd.md'"
 fi
 exit $status

@@ -1,7 +1,7 @@
 """Where the time of one fused LM-head call goes, kernel by kernel (torch.profiler), for tuning the Triton backend.
 
-    python benchmarks/profile_gpu.py                                   # 8192x4096x131072 bf16, triton, fwd+bwd
-    python benchmarks/profile_gpu.py --shape 8192x2304x256000 --zero-frac 0.5 --backend triton
+    python -m benchmarks.profile_gpu                                   # 8192x4096x131072 bf16, triton, fwd+bwd
+    python -m benchmarks.profile_gpu --shape 8192x2304x256000 --zero-frac 0.5 --backend triton
 
 Runs --warmup calls, then profiles --repeats calls of forward + backward (or forward only with --mode fwd) and prints
 a table of device kernels: calls, total and mean time, share of the profiled time, and for the kernels whose work is
@@ -18,14 +18,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import bench_gpu  # noqa: E402
-import torch  # noqa: E402
-from common import RESULTS, git_sha, markdown_table, versions  # noqa: E402
-
-IGNORE = -100
+from benchmarks.common import IGNORE, RESULTS, git_sha, lm_head_inputs, make_call, markdown_table, parse_shape, versions
 
 # kernel-name fragment -> FLOPs per call as a function of (M_active, D, V); fwd counts all rows
 _FLOPS = {
@@ -67,7 +62,7 @@ def kernel_table(events, cuda: bool, M: int, M_active: int, D: int, V: int, repe
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8192x4096x131072", help="MxDxV")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--backend", default="triton", choices=["triton", "torch"])
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke test of the script")
     ap.add_argument("--out", default=str(RESULTS / "profile_gpu.md"))
     args = ap.parse_args(argv)
-    M, D, V = bench_gpu.parse_shape(ap, "--shape", args.shape)
+    M, D, V = parse_shape(ap, "--shape", args.shape)
     if not 0.0 <= args.zero_frac < 1.0:
         ap.error(f"--zero-frac: {args.zero_frac} is not in [0, 1)")
     if args.repeats < 1 or args.warmup < 0:
@@ -87,19 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--zero-frac only applies to --mode fwd+bwd")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("profile_gpu.py: no CUDA device here, nothing profiled.", file=sys.stderr)
+        print("profile_gpu: no CUDA device here, nothing profiled.", file=sys.stderr)
         return 2
 
     import sgrpo_kernels as sk
 
     dtype = getattr(torch, args.dtype)
-    hidden, weight, targets, g_logp, g_ent = bench_gpu._setup(M, D, V, dtype, device, args.zero_frac)
+    hidden, weight, targets, g_logp, g_ent = lm_head_inputs(M, D, V, dtype, device, args.zero_frac)
     m_active = int(((g_logp != 0) | (g_ent != 0)).sum())
 
     def fn(h, w, t):
         return sk.linear_logprobs(h, w, t, ignore_index=IGNORE, backend=args.backend)
 
-    call = bench_gpu._make_call(fn, args.mode, hidden, weight, targets, g_logp, g_ent)
+    call = make_call(fn, args.mode, hidden, weight, targets, g_logp, g_ent)
     for _ in range(args.warmup):
         call()
     cuda = device.type == "cuda"
@@ -113,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
     rows = kernel_table(prof.key_averages(), cuda, M, m_active, D, V, args.repeats)
     if not rows:
-        print("profile_gpu.py: the profiler recorded no events", file=sys.stderr)
+        print("profile_gpu: the profiler recorded no events", file=sys.stderr)
         return 1
     dev_name = torch.cuda.get_device_name(device) if cuda else "cpu (smoke test: operator self-times)"
     head = (f"# Kernel time breakdown: {args.backend}, {args.mode}, M={M} D={D} V={V} {args.dtype}, "
             f"zero_grad_frac={args.zero_frac} ({m_active} active rows)")
     md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "",
-          f"`python benchmarks/profile_gpu.py --shape {M}x{D}x{V} --dtype {args.dtype} --backend {args.backend} "
+          f"`python -m benchmarks.profile_gpu --shape {M}x{D}x{V} --dtype {args.dtype} --backend {args.backend} "
           f"--mode {args.mode} --zero-frac {args.zero_frac} --repeats {args.repeats}`", "",
           markdown_table(rows, ["kernel", "calls", "ms_per_call", "share", "tflops"]), ""]
     text = "\n".join(md)

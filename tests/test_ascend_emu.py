@@ -14,6 +14,8 @@ import pytest
 import torch
 from emu_loader import emu_module
 
+from sgrpo_kernels.backends.npu_backend import FINALIZE, HAS_PREV, STATE_FLOATS, WRITE_ENTROPY, WRITE_LSE, WRITE_STATE
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 
@@ -45,7 +47,7 @@ def ref_stats(logits: torch.Tensor, targets: torch.Tensor, tau: float):
 
 
 def ref_grad(logits, targets, gl, gh, tau):
-    """float64 dL/dlogits of DESIGN.md; ignored rows 0."""
+    """float64 dL/dlogits of docs/design.md; ignored rows 0."""
     z = logits.double() / tau
     lse = torch.logsumexp(z, -1, keepdim=True)
     p = torch.exp(z - lse)
@@ -95,9 +97,8 @@ def test_stats_finalize(emu_lib, n, v, dtype, tiny):
     tau = 0.7
     k = kernels(emu_lib, cores=3, tiny=tiny)
     logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
-    emu = emu_module()
-    k.logits_stats(logits, targets, torch.empty(0, 8), logp, ent, lse, 0,
-                   emu.FINALIZE | emu.WRITE_ENTROPY | emu.WRITE_LSE, 1.0 / tau, IGNORE)
+    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, lse, 0,
+                   FINALIZE | WRITE_ENTROPY | WRITE_LSE, 1.0 / tau, IGNORE)
     r_logp, r_ent, r_lse = ref_stats(logits, targets, tau)
     assert_close_f32(logp, r_logp, "logp")
     assert_close_f32(ent, r_ent, "entropy")
@@ -111,16 +112,15 @@ def test_stats_over_vocab_chunks(emu_lib, dtype):
     """The linear-head path: state carried across [N, Vc] chunks (HAS_PREV / WRITE_STATE), chunk offsets v0."""
     n, v = 70, 1500
     logits, targets = make_case(n, v, dtype, seed=1, scale=5.0)
-    emu = emu_module()
     k = kernels(emu_lib, cores=5, tiny=True)
-    state = torch.full((n, 8), float("nan"))
+    state = torch.full((n, STATE_FLOATS), float("nan"))
     logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
     bounds = [0, 320, 321, 1024, v]  # includes a 1-column chunk
     for i in range(len(bounds) - 1):
         v0, v1 = bounds[i], bounds[i + 1]
         last = v1 == v
-        final = emu.FINALIZE | emu.WRITE_ENTROPY | emu.WRITE_LSE
-        flags = (emu.HAS_PREV if i else 0) | (final if last else emu.WRITE_STATE)
+        final = FINALIZE | WRITE_ENTROPY | WRITE_LSE
+        flags = (HAS_PREV if i else 0) | (final if last else WRITE_STATE)
         k.logits_stats(logits[:, v0:v1].contiguous(), targets, state, logp, ent, lse, v0, flags, 1.0, IGNORE)
     r_logp, r_ent, r_lse = ref_stats(logits, targets, 1.0)
     assert_close_f32(logp, r_logp, "logp")
@@ -136,10 +136,9 @@ def test_stats_strided_rows_and_no_entropy(emu_lib):
     targets[0] = IGNORE
     logits = wide[:, :v]
     assert logits.stride(0) == v + 5
-    emu = emu_module()
     logp = torch.full((n,), float("nan"))
-    kernels(emu_lib, cores=4, tiny=True).logits_stats(logits, targets, torch.empty(0, 8), logp, torch.empty(0),
-                                                      torch.empty(0), 0, emu.FINALIZE, 1.0, IGNORE)
+    kernels(emu_lib, cores=4, tiny=True).logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp,
+                                                      torch.empty(0), torch.empty(0), 0, FINALIZE, 1.0, IGNORE)
     assert_close_f32(logp, ref_stats(logits, targets, 1.0)[0], "logp")
 
 
@@ -147,11 +146,10 @@ def test_all_rows_ignored_and_more_cores_than_rows(emu_lib):
     n, v = 3, 100
     logits, targets = make_case(n, v, torch.float32)
     targets[:] = IGNORE
-    emu = emu_module()
     logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
     k = kernels(emu_lib, cores=48)
-    k.logits_stats(logits, targets, torch.empty(0, 8), logp, ent, lse, 0,
-                   emu.FINALIZE | emu.WRITE_ENTROPY | emu.WRITE_LSE, 1.0, IGNORE)
+    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, lse, 0,
+                   FINALIZE | WRITE_ENTROPY | WRITE_LSE, 1.0, IGNORE)
     assert k.launches[-1]["block_dim"] == 3
     assert (logp == 0).all() and (ent == 0).all()
     out = torch.full_like(logits, float("nan"))
@@ -201,12 +199,11 @@ def test_grad_in_place_chunk_with_offset(emu_lib, dtype):
 
 def test_ub_overflow_is_reported(emu_lib):
     """A tile too wide for 192 KiB is refused by the emulated TPipe, as the NPU would fail with error 507015."""
-    emu = emu_module()
     n, v = 2, 40000
     logits = torch.randn(n, v)
     logp = torch.empty(n)
     rc = emu_lib.sgrpo_emu_logits_stats(1, 0, logits.data_ptr(), torch.zeros(n, dtype=torch.int64).data_ptr(), None,
-                                        logp.data_ptr(), None, None, n, v, v, 0, 16384, emu.FINALIZE, 1.0, IGNORE)
+                                        logp.data_ptr(), None, None, n, v, v, 0, 16384, FINALIZE, 1.0, IGNORE)
     assert rc != 0
     assert "UB overflow" in emu_lib.sgrpo_emu_last_error().decode()
 

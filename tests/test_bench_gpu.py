@@ -1,4 +1,4 @@
-"""The CUDA benchmark script, run end to end on CPU at a tiny shape (`--device cpu`).
+"""The CUDA benchmark script (benchmarks.bench_gpu), run end to end on CPU at a tiny shape (`--device cpu`).
 
 No timing is checked here (speed is the benchmark's business, not a unit test's). What is checked: the script runs
 every provider that can run here, including the peers' adapters when Liger-Kernel / cut-cross-entropy are installed
@@ -11,16 +11,12 @@ from __future__ import annotations
 import csv
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_gpu  # noqa: E402
+from benchmarks import bench_gpu
 
 ISSUE_COLUMNS = ("device,provider,mode,M,D,V,dtype,zero_grad_frac,ms_median,ms_p20,ms_p80,tflops,peak_mem_gb,"
                  "versions,git_sha").split(",")

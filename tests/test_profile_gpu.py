@@ -1,16 +1,12 @@
-"""benchmarks/profile_gpu.py: the aggregation (with fake CUDA profiler events) and a CPU smoke run of the script."""
+"""benchmarks.profile_gpu: the aggregation (with fake CUDA profiler events) and a CPU smoke run of the script."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-
-import profile_gpu  # noqa: E402
+from benchmarks import profile_gpu
 
 
 def _ev(key, device_type, t_us, count=1, self_cpu=0.0):

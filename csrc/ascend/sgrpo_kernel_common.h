@@ -17,6 +17,34 @@ __aicore__ inline void PipeSync() {
   AscendC::WaitFlag<E>(id);
 }
 
+// Row-group driver shared by the kernels. A kernel class derives from RowGroupKernel<itself> (CRTP: static dispatch,
+// no virtual call, function pointer or lambda in device code), calls SplitRows(n_rows) in its Init() and defines
+//   __aicore__ inline void ProcessGroup(uint64_t row0, uint32_t count);   // (private: befriend RowGroupKernel)
+// Process() then hands ProcessGroup this core's rows (CoreRows) in groups of kRowGroup rows, the last one shorter.
+template <class Kernel>
+class RowGroupKernel {
+ public:
+  __aicore__ inline RowGroupKernel() {}
+
+  __aicore__ inline void Process() {
+    for (uint64_t g = 0; g < rows_.count; g += kRowGroup) {
+      const uint64_t left = rows_.count - g;
+      const uint32_t gn = static_cast<uint32_t>(left < kRowGroup ? left : kRowGroup);
+      static_cast<Kernel*>(this)->ProcessGroup(rows_.start + g, gn);
+    }
+  }
+
+ protected:
+  // This core's share of the launch's n_rows rows.
+  __aicore__ inline void SplitRows(int64_t n_rows) {
+    rows_ = CoreRows(static_cast<uint64_t>(n_rows), static_cast<uint32_t>(AscendC::GetBlockNum()),
+                     static_cast<uint32_t>(AscendC::GetBlockIdx()));
+  }
+
+ private:
+  RowRange rows_{0, 0};
+};
+
 // A row group of int64 targets is copied as 2 * n int32 words (DataCopyPad of b32 is supported everywhere) and
 // reassembled by the scalar unit (little endian).
 __aicore__ inline int64_t TargetAt(const AscendC::LocalTensor<int32_t>& words, uint32_t i) {

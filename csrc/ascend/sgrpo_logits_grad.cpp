@@ -1,6 +1,6 @@
 // Gradient w.r.t. the logits of (logp, entropy), AIV-only AscendC kernel; in place when out == logits.
 //
-// Per row with target y, z = logits / tau, p_j = exp(z_j - lse), upstream g_logp, g_H (DESIGN.md):
+// Per row with target y, z = logits / tau, p_j = exp(z_j - lse), upstream g_logp, g_H (docs/design.md):
 //   dL/dlogit_j = ( g_logp * (1[j = y] - p_j) - g_H * p_j * (z_j - lse + H) ) / tau
 //               = ( p_j * (-g_logp - g_H * (z_j - lse + H)) + g_logp * 1[j = y] ) / tau
 // Rows whose target is ignore_index, or whose g_logp and g_H are both exactly 0, get a zero row without reading logits.
@@ -14,7 +14,7 @@ using namespace AscendC;
 namespace sgrpo {
 
 template <typename T>
-class LogitsGradKernel {
+class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
  public:
   __aicore__ inline LogitsGradKernel() {}
 
@@ -24,8 +24,7 @@ class LogitsGradKernel {
     vocab_ = static_cast<uint32_t>(a.vocab);
     tile_ = static_cast<uint32_t>(a.tile);
     nTiles_ = NumTiles(vocab_, tile_);
-    rows_ = CoreRows(static_cast<uint64_t>(a.n_rows), static_cast<uint32_t>(GetBlockNum()),
-                     static_cast<uint32_t>(GetBlockIdx()));
+    this->SplitRows(a.n_rows);
     const uint64_t n = static_cast<uint64_t>(a.n_rows);
     logitsGm_.SetGlobalBuffer((__gm__ T*)logits, n == 0 ? 0 : (n - 1) * a.ld_in + a.vocab);
     outGm_.SetGlobalBuffer((__gm__ T*)out, n == 0 ? 0 : (n - 1) * a.ld_out + a.vocab);
@@ -45,15 +44,9 @@ class LogitsGradKernel {
     pipe_.InitBuffer(rowBuf_, 4 * AlignedBytes(kRowGroup, 4));
   }
 
-  __aicore__ inline void Process() {
-    for (uint64_t g = 0; g < rows_.count; g += kRowGroup) {
-      const uint64_t left = rows_.count - g;
-      const uint32_t gn = static_cast<uint32_t>(left < kRowGroup ? left : kRowGroup);
-      ProcessGroup(rows_.start + g, gn);
-    }
-  }
-
  private:
+  friend class RowGroupKernel<LogitsGradKernel<T>>;  // calls ProcessGroup from Process()
+
   __aicore__ inline void ProcessGroup(uint64_t row0, uint32_t gn) {
     LocalTensor<int32_t> tgt = tgtBuf_.Get<int32_t>();
     LocalTensor<float> rows = rowBuf_.Get<float>();
@@ -147,7 +140,6 @@ class LogitsGradKernel {
   GlobalTensor<int32_t> targetsGm_;
   GlobalTensor<float> lseGm_, gLogpGm_, entGm_, gEntGm_;
   GradArgs args_;
-  RowRange rows_;
   uint32_t vocab_ = 0, tile_ = 0, nTiles_ = 0;
 };
 

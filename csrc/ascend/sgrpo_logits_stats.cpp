@@ -15,7 +15,7 @@ using namespace AscendC;
 namespace sgrpo {
 
 template <typename T>
-class LogitsStatsKernel {
+class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
  public:
   __aicore__ inline LogitsStatsKernel() {}
 
@@ -26,8 +26,7 @@ class LogitsStatsKernel {
     tile_ = static_cast<uint32_t>(a.tile);
     nTiles_ = NumTiles(vocab_, tile_);
     entries_ = StatEntries(nTiles_);
-    rows_ = CoreRows(static_cast<uint64_t>(a.n_rows), static_cast<uint32_t>(GetBlockNum()),
-                     static_cast<uint32_t>(GetBlockIdx()));
+    this->SplitRows(a.n_rows);
     const uint64_t n = static_cast<uint64_t>(a.n_rows);
     logitsGm_.SetGlobalBuffer((__gm__ T*)logits, n == 0 ? 0 : (n - 1) * a.ld + a.vocab);
     targetsGm_.SetGlobalBuffer((__gm__ int32_t*)targets, 2 * n);
@@ -51,15 +50,9 @@ class LogitsStatsKernel {
     pipe_.InitBuffer(rowBuf_, 8 * AlignedBytes(kRowGroup, 4));
   }
 
-  __aicore__ inline void Process() {
-    for (uint64_t g = 0; g < rows_.count; g += kRowGroup) {
-      const uint64_t left = rows_.count - g;
-      const uint32_t gn = static_cast<uint32_t>(left < kRowGroup ? left : kRowGroup);
-      ProcessGroup(rows_.start + g, gn);
-    }
-  }
-
  private:
+  friend class RowGroupKernel<LogitsStatsKernel<T>>;  // calls ProcessGroup from Process()
+
   __aicore__ inline LocalTensor<float> RowVec(uint32_t which) {
     return rowBuf_.Get<float>()[which * kRowGroup];  // kRowGroup floats = 256 B: every slot stays 32 B aligned
   }
@@ -216,7 +209,6 @@ class LogitsStatsKernel {
   GlobalTensor<int32_t> targetsGm_;
   GlobalTensor<float> stateGm_, logpGm_, entropyGm_, lseGm_;
   StatsArgs args_;
-  RowRange rows_;
   uint32_t vocab_ = 0, tile_ = 0, nTiles_ = 0, entries_ = 0;
 };
 

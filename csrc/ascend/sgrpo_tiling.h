@@ -4,6 +4,9 @@
 // Work split: rows of the [N, V] logits (or [N, Vc] logits chunk) are split over AIV cores (the first N % cores cores get
 // one extra row); every core streams each of its rows through UB in `tile` sized vocab pieces (the last one is the tail).
 // UB use is computed here once and checked against the 192 KiB budget of a 910B vector core.
+// The constants below that Python needs (kernel flags, kStateFloats, dtype codes, kUbBytes, kMaxTile) are restated once
+// in sgrpo_kernels/backends/npu_backend.py (this header is not installed with the package); tests/test_npu_constants.py
+// parses this file and fails when the two differ.
 #ifndef SGRPO_ASCEND_TILING_H
 #define SGRPO_ASCEND_TILING_H
 

@@ -527,22 +527,18 @@ void Max(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T
   for (int32_t i = 0; i < count; ++i) dst.ptr()[i] = a.ptr()[i] > b.ptr()[i] ? a.ptr()[i] : b.ptr()[i];
 }
 
-template <typename T>
-void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int32_t count) {
-  static_assert(detail::is_vec_float<T>(), "Muls supports half/float only here");
-  detail::check_operand(dst, count, "Muls");
-  detail::check_operand(src, count, "Muls");
-  detail::count_op();
-  for (int32_t i = 0; i < count; ++i) dst.ptr()[i] = src.ptr()[i] * s;
-}
-template <typename T>
-void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int32_t count) {
-  static_assert(detail::is_vec_float<T>(), "Adds supports half/float only here");
-  detail::check_operand(dst, count, "Adds");
-  detail::check_operand(src, count, "Adds");
-  detail::count_op();
-  for (int32_t i = 0; i < count; ++i) dst.ptr()[i] = src.ptr()[i] + s;
-}
+#define SGRPO_EMU_SCALAR(NAME, OP)                                                                 \
+  template <typename T>                                                                            \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int32_t count) {     \
+    static_assert(detail::is_vec_float<T>(), #NAME " supports half/float only here");              \
+    detail::check_operand(dst, count, #NAME);                                                      \
+    detail::check_operand(src, count, #NAME);                                                      \
+    detail::count_op();                                                                            \
+    for (int32_t i = 0; i < count; ++i) dst.ptr()[i] = src.ptr()[i] OP s;                         \
+  }
+SGRPO_EMU_SCALAR(Muls, *)
+SGRPO_EMU_SCALAR(Adds, +)
+#undef SGRPO_EMU_SCALAR
 
 template <typename D, typename S>
 void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, uint32_t count) {

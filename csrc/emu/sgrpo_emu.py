@@ -7,6 +7,9 @@ with the same call signature as the torch_npu binding (`torch.ops.sgrpo_npu.*`),
 
 This is a test double of limited fidelity: it checks indexing, tails, UB budget, 32 B alignment, queue discipline and
 the numerics of the kernel code, not synchronisation, timing or the CANN compiler.
+
+The kernel flags, dtype codes and tiling limits come from sgrpo_kernels.backends.npu_backend, the one Python copy of
+csrc/ascend/sgrpo_tiling.h (tests/test_npu_constants.py keeps the two equal).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from sgrpo_kernels.backends.npu_backend import DTYPE_CODE, HAS_GRAD_ENTROPY, MAX_TILE, UB_BYTES
+
 CSRC = Path(__file__).resolve().parents[1]
 SOURCES = [
     CSRC / "emu" / "sgrpo_emu_capi.cpp",
@@ -33,13 +38,6 @@ HEADERS = [
     CSRC / "ascend" / "sgrpo_kernel_common.h",
     CSRC / "ascend" / "sgrpo_launch.h",
 ]
-DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-# Flags, as in csrc/ascend/sgrpo_tiling.h.
-HAS_PREV, WRITE_STATE, FINALIZE, WRITE_ENTROPY, WRITE_LSE = 1, 2, 4, 8, 16
-HAS_GRAD_ENTROPY = 1
-STATE_FLOATS = 8
-UB_BYTES = 192 * 1024
-MAX_TILE = 8192
 
 
 class EmuError(RuntimeError):

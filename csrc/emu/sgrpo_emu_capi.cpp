@@ -9,6 +9,9 @@
 #include "sgrpo_launch.h"
 #include "sgrpo_tiling.h"
 
+// The emulated UB (the hardware's size) and the budget the tiling plans for are stated apart (kernel_operator.h stands
+// in for CANN's header and knows nothing of sgrpo): they must agree.
+static_assert(sgrpo::kUbBytes == sgrpo_emu::kUbBytes, "sgrpo_tiling.h kUbBytes != emulated UB size");
 
 namespace {
 std::string g_error;

@@ -38,98 +38,87 @@ static void expect_ok(const char* name, const std::function<void()>& body, uint3
   }
 }
 
+// What most cases start from: a pipe with one VECCALC buffer of `bytes`, or with one VECIN queue of two 256 B buffers
+// (members die in reverse order, queue before pipe, as locals would), and a GM tensor over the first `size` floats of gm.
+static float gm[4096];
+
+struct OneBuffer {
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> buf;
+  explicit OneBuffer(uint32_t bytes) { pipe.InitBuffer(buf, bytes); }
+  LocalTensor<float> ub() const { return buf.Get<float>(); }
+};
+
+struct OneQueue {
+  TPipe pipe;
+  TQue<QuePosition::VECIN, 2> q;
+  OneQueue() { pipe.InitBuffer(q, 2, 256); }
+};
+
+static GlobalTensor<float> Gm(uint64_t size) {
+  GlobalTensor<float> g;
+  g.SetGlobalBuffer(gm, size);
+  return g;
+}
+
 int main() {
-  static float gm[4096];
   expect_error("ub overflow", [] {
     TPipe pipe;
     TBuf<TPosition::VECCALC> a, b;
     pipe.InitBuffer(a, 128 * 1024);
     pipe.InitBuffer(b, 96 * 1024);
   }, "UB overflow");
-  expect_error("unaligned InitBuffer", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 100);
-  }, "multiple of 32");
+  expect_error("unaligned InitBuffer", [] { OneBuffer u(100); }, "multiple of 32");
   expect_error("unaligned vector operand", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 1024);
-    LocalTensor<float> t = a.Get<float>();
-    Adds(t[3], t[3], 1.0f, 8);
+    OneBuffer u(1024);
+    Adds(u.ub()[3], u.ub()[3], 1.0f, 8);
   }, "not 32 B aligned");
   expect_error("count beyond tensor", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 64);
-    LocalTensor<float> t = a.Get<float>();
-    Exp(t, t, 17);
+    OneBuffer u(64);
+    Exp(u.ub(), u.ub(), 17);
   }, "exceeds tensor size");
   expect_error("DataCopy of a partial block", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 1024);
-    GlobalTensor<float> g;
-    g.SetGlobalBuffer(gm, 4096);
-    DataCopy(a.Get<float>(), g, 10);
+    OneBuffer u(1024);
+    DataCopy(u.ub(), Gm(4096), 10);
   }, "use DataCopyPad");
   expect_error("DeQue from empty queue", [] {
-    TPipe pipe;
-    TQue<QuePosition::VECIN, 2> q;
-    pipe.InitBuffer(q, 2, 256);
-    LocalTensor<float> t = q.DeQue<float>();
+    OneQueue u;
+    LocalTensor<float> t = u.q.DeQue<float>();
     (void)t;
   }, "empty queue");
   expect_error("AllocTensor beyond buffer count", [] {
-    TPipe pipe;
-    TQue<QuePosition::VECIN, 2> q;
-    pipe.InitBuffer(q, 2, 256);
-    LocalTensor<float> a = q.AllocTensor<float>();
-    LocalTensor<float> b = q.AllocTensor<float>();
-    LocalTensor<float> c = q.AllocTensor<float>();
+    OneQueue u;
+    LocalTensor<float> a = u.q.AllocTensor<float>();
+    LocalTensor<float> b = u.q.AllocTensor<float>();
+    LocalTensor<float> c = u.q.AllocTensor<float>();
     (void)a, (void)b, (void)c;
   }, "deadlock");
   expect_error("buffer leaked at kernel end", [] {
-    TPipe pipe;
-    TQue<QuePosition::VECIN, 2> q;
-    pipe.InitBuffer(q, 2, 256);
-    LocalTensor<float> a = q.AllocTensor<float>();
-    q.EnQue(a);
+    OneQueue u;
+    u.q.EnQue(u.q.AllocTensor<float>());
   }, "still held");
   expect_error("WaitFlag without SetFlag", [] {
     TPipe pipe;
     WaitFlag<HardEvent::V_S>(0);
   }, "WaitFlag");
   expect_error("GM read past the buffer", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 1024);
-    GlobalTensor<float> g;
-    g.SetGlobalBuffer(gm, 16);
+    OneBuffer u(1024);
     DataCopyExtParams p{1, 20 * 4, 0, 0, 0};
-    DataCopyPad(a.Get<float>(), g, p, DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
+    DataCopyPad(u.ub(), Gm(16), p, DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
   }, "reads past");
   expect_error("two cores write the same GM bytes", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 256);
-    GlobalTensor<float> g;
-    g.SetGlobalBuffer(gm, 4096);
-    Duplicate(a.Get<float>(), 1.0f, 64);
-    DataCopy(g[GetBlockIdx() * 32], a.Get<float>(), 64);  // cores overlap by 32 floats
+    OneBuffer u(256);
+    Duplicate(u.ub(), 1.0f, 64);
+    DataCopy(Gm(4096)[GetBlockIdx() * 32], u.ub(), 64);  // cores overlap by 32 floats
   }, "written by core", 2);
   // A correct two-core program passes and the tail of a DataCopyPad block reads as NaN (undefined on hardware).
   expect_ok("disjoint cores + pad", [] {
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> a;
-    pipe.InitBuffer(a, 256);
-    GlobalTensor<float> g;
-    g.SetGlobalBuffer(gm, 4096);
+    OneBuffer u(256);
     DataCopyExtParams p{1, 5 * 4, 0, 0, 0};
-    LocalTensor<float> t = a.Get<float>();
-    DataCopyPad(t, g, p, DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
+    LocalTensor<float> t = u.ub();
+    DataCopyPad(t, Gm(4096), p, DataCopyPadExtParams<float>{false, 0, 0, 0.0f});
     if (!std::isnan(t.GetValue(6))) throw sgrpo_emu::EmuError("pad bytes were not poisoned");
-    DataCopyPad(g[1000 + GetBlockIdx() * 5], t, p);
+    DataCopyPad(Gm(4096)[1000 + GetBlockIdx() * 5], t, p);
   }, 2);
   std::printf("emu checks: %d ok, %d failures\n", g_ok, g_fail);
   return g_fail == 0 ? 0 : 1;
