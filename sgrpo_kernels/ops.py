@@ -243,6 +243,11 @@ def _check_targets(flag: bool | None) -> bool:
     return env_flag(ENV_CHECK_TARGETS, True)
 
 
+def _aliases_grad_leaf(t: Tensor) -> bool:
+    """`t` is a leaf that requires grad, or a view of one (a view's `_base` is the tensor owning the storage)."""
+    return any(x is not None and x.is_leaf and x.requires_grad for x in (t, t._base))
+
+
 def linear_logprobs(
     hidden: Tensor,  # (..., D)
     weight: Tensor,  # (V, D)
@@ -315,15 +320,18 @@ def logprobs_from_logits(
     Args:
         inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe
             when nothing else needs `logits` after this op's backward (autograd raises if something saved it).
+            Refused for a leaf that requires grad and for any view of one (its data would become its gradient);
+            allowed for non-leaf tensors and their views, e.g. `(hidden @ weight.T).view(B, T, V)`.
         backend, memory_budget, check_targets: as in `linear_logprobs`.
     """
     temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
-    if inplace_backward and logits.is_leaf and logits.requires_grad:
+    if inplace_backward and _aliases_grad_leaf(logits):
         raise ValueError(
-            "inplace_backward=True would overwrite logits, a leaf tensor that requires grad, with its own gradient; "
-            "pass a non-leaf buffer (e.g. the output of the LM-head matmul) or use inplace_backward=False"
+            "inplace_backward=True would overwrite logits, which is (or is a view of) a leaf tensor that requires "
+            "grad, with its own gradient; pass a non-leaf buffer (e.g. the output of the LM-head matmul) or use "
+            "inplace_backward=False"
         )
     call = Call(
         backend=resolve(backend, logits.device),

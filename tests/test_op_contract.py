@@ -423,3 +423,25 @@ def test_inplace_backward_refuses_a_leaf():
     z = torch.randn(3, 11, requires_grad=True)
     with pytest.raises(ValueError, match="inplace_backward=True would overwrite logits"):
         sk.logprobs_from_logits(z, torch.zeros(3, dtype=torch.long), inplace_backward=True)
+
+
+@pytest.mark.parametrize("view", [lambda x: x.view(6, 5), lambda x: x[:, :5], lambda x: x.t(), lambda x: x.view(2, 3, 5)])
+def test_inplace_backward_refuses_a_view_of_a_leaf(view):
+    # issue 11 item 4: a view shares the leaf's storage; the in-place backward would overwrite the leaf's data with
+    # its own gradient (before the fix x.data came back equal to x.grad)
+    x = torch.randn(6, 5, requires_grad=True)
+    z = view(x)
+    with pytest.raises(ValueError, match="view of\\) a leaf tensor that requires grad"):
+        sk.logprobs_from_logits(z, torch.zeros(z.shape[:-1], dtype=torch.long), inplace_backward=True)
+
+
+def test_inplace_backward_allows_a_view_of_a_non_leaf():
+    h = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 4, dtype=torch.float64)
+    t = torch.randint(0, 5, (2, 3))
+    lp, ent = sk.logprobs_from_logits((h @ w.T).view(2, 3, 5), t, inplace_backward=True)
+    (lp.sum() + ent.sum()).backward()
+    h2 = h.detach().clone().requires_grad_(True)
+    lr, er = ref.logprobs_from_logits((h2 @ w.T).view(2, 3, 5), t, out_dtype=None)
+    (lr.sum() + er.sum()).backward()
+    torch.testing.assert_close(h.grad, h2.grad)
