@@ -293,3 +293,73 @@ def test_lora_and_multiple_epochs(tmp_path):
     steps = [r for r in steps if r.get("event") != "eval"]
     assert all(r["grad_norm"] > 0 and r["skipped"] == 0 for r in steps)
     assert steps[-1]["kl_from_init"] > 0
+
+
+def test_one_target_check_per_step(tmp_path, monkeypatch):
+    """old_logp, ref_logp, both PPO epochs' losses and the KL probe run on the same targets: the range check (one
+    host sync) runs on the first of them only."""
+    import sgrpo_kernels.ops as ops
+
+    monkeypatch.delenv("SGRPO_CHECK_TARGETS", raising=False)
+    checks, per_step, ops_calls = [0], [], [0]
+    real_check, real_step, real_ll = ops.check_target_values, loop.train_step, loop.linear_logprobs
+
+    def counting_check(*args, **kwargs):
+        checks[0] += 1
+        return real_check(*args, **kwargs)
+
+    def counting_ll(*args, **kwargs):
+        ops_calls[0] += 1
+        return real_ll(*args, **kwargs)
+
+    def counted_step(run, state):
+        before, calls = checks[0], ops_calls[0]
+        record = real_step(run, state)
+        per_step.append((checks[0] - before, ops_calls[0] - calls))
+        return record
+
+    monkeypatch.setattr(ops, "check_target_values", counting_check)
+    monkeypatch.setattr(loop, "train_step", counted_step)
+    monkeypatch.setattr(loop, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
+    loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=2, ppo_epochs=2, kl_every=1, eval_k=0))
+    assert per_step == [(1, 3), (1, 3)]  # 3 forward-only calls + 2 losses per step, one check
+    assert checks[0] == 1 + 2  # + the probe's own check when it was created
+
+
+def test_renamed_metric_fails_loudly(tmp_path, monkeypatch):
+    """A metric the RL layer stops reporting (or renames) is a KeyError, not a NaN in metrics.jsonl."""
+    real = loop.sgrpo_loss
+
+    def renamed(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        metrics["entropy"] = metrics.pop("entropy_mean")
+        return loss, metrics
+
+    monkeypatch.setattr(loop, "sgrpo_loss", renamed)
+    with pytest.raises(KeyError, match="entropy_mean"):
+        loop.train(tiny_cfg(tmp_path, max_steps=1, kl_every=0, eval_k=0), LOSS)
+
+
+def test_metrics_log_fresh_and_resumed(tmp_path):
+    from train.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 9}\n')
+    with MetricsLog(path) as log:  # a fresh run starts empty
+        for step in (0, 1, 2, 3):
+            log.write({"step": step, "x": step})
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
+    with MetricsLog(path, resume_step=2) as log:  # resumed at the step-2 checkpoint: step 3 is written again
+        log.write({"step": 3, "x": 30})
+    assert [json.loads(x)["x"] for x in path.read_text().splitlines()] == [0, 1, 2, 30]
+    with pytest.raises(RuntimeError):
+        log.write({"step": 4})
+
+
+def test_cli_bool_flags_are_strict(capsys):
+    assert parse_args(["--lora", "off", "--progress", "YES"])[0].lora is False
+    assert parse_args(["--lora"])[0].lora is True
+    with pytest.raises(SystemExit):
+        parse_args(["--lora", "maybe"])
+    err = capsys.readouterr().err
+    assert "--lora" in err and "maybe" in err

@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, fields
 
 from sgrpo_kernels.rl import PRESETS, LossConfig, preset
+from sgrpo_kernels.validation import parse_flag
 
 ALGORITHMS = ("s_grpo", "gtpo", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo")
 
@@ -111,13 +112,16 @@ RUN_PRESETS: dict[str, dict] = {
 }
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+def _bool_flag(flag: str):
+    """The argparse type of a boolean flag: `parse_flag` (1/0, true/false, yes/no, on/off), its error as argparse's."""
+
+    def parse(text: str) -> bool:
+        try:
+            return parse_flag(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _parse_value(text: str):
@@ -130,10 +134,10 @@ def _parse_value(text: str):
         return text
 
 
-def _arg_type(annotation):
+def _arg_type(annotation, flag: str):
     hints = str(annotation)
     if "bool" in hints:
-        return _parse_bool
+        return _bool_flag(flag)
     if "int" in hints and "float" not in hints:
         return int
     if "float" in hints:
@@ -156,13 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     hints = typing.get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
-        kwargs = {"default": f.default, "type": _arg_type(hints[f.name]), "help": " "}
+        flag = f"--{f.name.replace('_', '-')}"
+        kwargs = {"default": f.default, "type": _arg_type(hints[f.name], flag), "help": " "}
         if f.name == "preset":
             kwargs["choices"] = sorted(set(ALGORITHMS) | set(PRESETS))
         if hints[f.name] is bool:
             kwargs["nargs"] = "?"
             kwargs["const"] = True
-        parser.add_argument(f"--{f.name.replace('_', '-')}", f"--{f.name}", dest=f.name, **kwargs)
+        parser.add_argument(flag, f"--{f.name}", dest=f.name, **kwargs)
     loss_group = parser.add_argument_group("loss overrides (default: the preset's value)")
     for f in fields(LossConfig):
         if f.name == "name":

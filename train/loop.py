@@ -1,20 +1,29 @@
-"""The training loop, top to bottom: rollouts -> rewards -> advantages -> conflict weights -> sgrpo_loss on hidden
-states -> optimizer step, with evaluation, KL-from-init probes, collapse detection, checkpoints and resume."""
+"""The training loop: `setup` (policy, optimizer, task, KL probe), then per step `train_step` (rollout -> advantages
+and conflict weights -> sgrpo_loss on hidden states -> optimizer step -> one metrics record), `evaluate` on held-out
+problems, collapse detection; checkpoints (train/checkpoint.py) and metrics.jsonl (train/metrics.py) around it.
+Read `train()` at the bottom first."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import random
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from sgrpo_kernels import linear_logprobs, sgrpo_loss
+from sgrpo_kernels.rl import GroupSignals, LossConfig, metrics_to_floats, prepare_groups
+from sgrpo_kernels.validation import check_target_values
+from train.checkpoint import load_checkpoint, rng_snapshot, save_checkpoint
 from train.config import TrainConfig
+from train.metrics import MetricsLog
 from train.model import (
     add_lora,
     head_weight,
@@ -29,7 +38,14 @@ from train.rewards import answers_match
 from train.rollout import Batch, VLLMEngine, majority, rollout
 from train.tasks import make_task
 
+# load_checkpoint, save_checkpoint and rng_snapshot (train/checkpoint.py) stay importable from here.
+
 # ----------------------------------------------------------------------------------------------------- helpers
+
+
+def completion_targets(batch: Batch) -> Tensor:
+    """[N, T] completion tokens, -100 (ignore_index) after each completion's end."""
+    return torch.where(batch.completion_mask, batch.completion_ids, -100)
 
 
 def completion_hidden(model, batch: Batch, group_size: int) -> torch.Tensor:
@@ -46,12 +62,20 @@ def completion_hidden(model, batch: Batch, group_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def token_logprobs(model, batch: Batch, temperature: float, backend: str | None, group_size: int) -> torch.Tensor:
-    """Forward-only log-probs [N, T] of the completion tokens (no autograd state, no logits)."""
+def token_logprobs(
+    model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets: bool | None = None
+) -> torch.Tensor:
+    """Forward-only log-probs [N, T] of the completion tokens (no autograd state, no logits). `check_targets`: as in
+    `linear_logprobs` (None = env SGRPO_CHECK_TARGETS, default on; one host sync)."""
     hidden = completion_hidden(model, batch, group_size)
-    targets = torch.where(batch.completion_mask, batch.completion_ids, -100)
     logp, _ = linear_logprobs(
-        hidden, head_weight(model), targets, temperature=temperature, return_entropy=False, backend=backend
+        hidden,
+        head_weight(model),
+        completion_targets(batch),
+        temperature=temperature,
+        return_entropy=False,
+        backend=backend,
+        check_targets=check_targets,
     )
     return logp
 
@@ -75,6 +99,9 @@ def peak_mem_mb(device: torch.device) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     except ImportError:  # pragma: no cover
         return float("nan")
+
+
+HISTORY_KEYS = ("entropy_mean", "zero_var_frac", "accuracy", "kl_from_init")  # per step, kept in the checkpoint
 
 
 def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
@@ -145,65 +172,55 @@ def answers_match_text(text: str, answer: str) -> bool:
     return correctness_reward(text, answer) > 0
 
 
-# ----------------------------------------------------------------------------------------------------- checkpoints
+# ----------------------------------------------------------------------------------------------------- setup
 
 
-def rng_snapshot(task_rng: random.Random) -> dict:
-    return {
-        "torch_rng": torch.get_rng_state(),
-        "task_rng": task_rng.getstate(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
+@dataclass
+class Run:
+    """What `setup` builds and the steps use: fixed for the run (the model's weights and the optimizer's state move,
+    the objects do not)."""
+
+    cfg: TrainConfig
+    loss_cfg: LossConfig
+    out_dir: Path
+    device: torch.device
+    model: torch.nn.Module
+    tok: object
+    ref_model: torch.nn.Module | None  # the frozen reference of the KL presets (grpo); None otherwise
+    params: list[torch.nn.Parameter]  # the trained ones
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    engine: VLLMEngine | None
+    task: object
+    task_rng: random.Random  # draws each step's problems; saved in checkpoints
+    heldout: list
+    system_prompt: str | None
+    probe: dict | None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoint"
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, rngs: dict, history, cfg):
-    """`rngs` is the RNG state at the *start* of step `step + 1` (a Ctrl-C mid-step has already advanced the live
-    generators), so --resume replays that step exactly."""
-    path.mkdir(parents=True, exist_ok=True)
-    trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    state = {
-        "step": step,
-        "trainable": trainable,  # full weights of trained layers, or the LoRA adapter; frozen ones are the base model
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        **rngs,
-        "history": history,
-        "config": dataclasses.asdict(cfg),
-    }
-    tmp = path / "state.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(path / "state.pt")  # atomic: a Ctrl-C during the save never leaves a torn checkpoint
+@dataclass
+class LoopState:
+    """What the loop carries from step to step (and a checkpoint saves): steps done, the per-step history of the
+    collapse rule, the last KL-from-init measured."""
+
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    kl_from_init: float = 0.0
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, task_rng: random.Random):
-    state = torch.load(path / "state.pt", weights_only=False)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state["trainable"].items():
-            params[name].copy_(value)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    task_rng.setstate(state["task_rng"])
-    return state["step"], state["history"]
-
-
-# ----------------------------------------------------------------------------------------------------- the loop
-
-
-def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> dict:
-    """Run RL training; returns a summary dict (also written to OUTPUT_DIR/summary.json)."""
-    t_start = time.time()
+def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> Run:
+    """Everything before the first step, in the order that fixes the random stream: the run directory and its
+    config.json, the policy (and the reference model of the KL presets), optimizer and schedule, the rollout engine,
+    the task and its held-out set, the KL-from-init probe."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     loss_cfg = cfg.loss_config(loss_overrides)  # preset + cfg.loss + --loss.FIELD
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = out_dir / "checkpoint"
-    if not cfg.resume and (out_dir / "metrics.jsonl").exists():
-        (out_dir / "metrics.jsonl").unlink()
     (out_dir / "config.json").write_text(
         json.dumps({"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg)}, indent=2, default=str)
     )
@@ -229,14 +246,7 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     )
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    engine = None
-    if cfg.use_vllm == "on" or (cfg.use_vllm == "auto" and device.type == "cuda" and not cfg.lora):
-        try:
-            engine = VLLMEngine(model, cfg.model)
-        except Exception as exc:  # noqa: BLE001 -- vllm missing or unable to start: fall back to HF generate
-            if cfg.use_vllm == "on":
-                raise
-            print(f"vLLM unavailable ({type(exc).__name__}); using HF generate")
+    engine = rollout_engine(cfg, model, device)
 
     task = make_task(
         cfg.task,
@@ -249,204 +259,329 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     task_rng = random.Random(cfg.seed)
     heldout = task.heldout(cfg.eval_problems, cfg.seed)
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
+    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt")
+    return Run(
+        cfg=cfg,
+        loss_cfg=loss_cfg,
+        out_dir=out_dir,
+        device=device,
+        model=model,
+        tok=tok,
+        ref_model=ref_model,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        engine=engine,
+        task=task,
+        task_rng=task_rng,
+        heldout=heldout,
+        system_prompt=system_prompt,
+        probe=probe,
+    )
 
-    # KL-from-init probes: completions sampled once from the initial policy; their initial log-probs are cached, so
-    # no reference model stays resident. Stored in the run directory so a resumed run uses the same probes.
-    probe_path = out_dir / "probe.pt"
-    if cfg.kl_every and cfg.resume and probe_path.exists():
-        probe = torch.load(probe_path, weights_only=False)
-    elif cfg.kl_every:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed + 777)
-            probe_batch = rollout(
-                model,
-                tok,
-                task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}")),
-                group_size=1,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                system_prompt=system_prompt,
-            )
-        probe = {"batch": probe_batch, "logp0": token_logprobs(model, probe_batch, cfg.temperature, cfg.backend, 1)}
-        torch.save(probe, probe_path)
 
-    start_step, history = 0, []
-    if cfg.resume:
-        if not (ckpt_dir / "state.pt").exists():
-            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_dir / 'state.pt'}")
-        start_step, history = load_checkpoint(ckpt_dir, model, optimizer, scheduler, task_rng)
-        lines = (out_dir / "metrics.jsonl").read_text().splitlines() if (out_dir / "metrics.jsonl").exists() else []
-        keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= start_step]  # drop steps after the checkpoint
-        (out_dir / "metrics.jsonl").write_text("".join(ln + "\n" for ln in keep))
-        print(f"resumed from step {start_step}")
-    log = (out_dir / "metrics.jsonl").open("a")
+def rollout_engine(cfg: TrainConfig, model, device: torch.device) -> VLLMEngine | None:
+    """vLLM for the rollouts when asked (`on`), or by default on CUDA without LoRA; None = HF generate."""
+    if cfg.use_vllm == "on" or (cfg.use_vllm == "auto" and device.type == "cuda" and not cfg.lora):
+        try:
+            return VLLMEngine(model, cfg.model)
+        except Exception as exc:  # noqa: BLE001 -- vllm missing or unable to start: fall back to HF generate
+            if cfg.use_vllm == "on":
+                raise
+            print(f"vLLM unavailable ({type(exc).__name__}); using HF generate")
+    return None
 
-    def write(record: dict) -> None:
-        log.write(json.dumps(record) + "\n")
-        log.flush()
 
-    summary: dict = {"output_dir": str(out_dir), "preset": loss_cfg.name, "model": cfg.model}
-    if start_step == 0:
-        ev = evaluate(model, tok, heldout, cfg, engine, system_prompt)
-        summary["before"] = ev
-        write({"step": 0, "event": "eval", **ev})
-        print(f"held-out before: acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
-    elif (out_dir / "summary.json").exists():
-        summary["before"] = json.loads((out_dir / "summary.json").read_text()).get("before")
+def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path) -> dict | None:
+    """KL-from-init probes: completions sampled once from the initial policy; their initial log-probs are cached, so
+    no reference model stays resident. Stored in the run directory so a resumed run uses the same probes. The probe's
+    targets are range-checked here, once: the per-step KL (`kl_from_init`) skips that check."""
+    if not cfg.kl_every:
+        return None
+    if cfg.resume and path.exists():
+        probe = torch.load(path, weights_only=False)
+        check_target_values(completion_targets(probe["batch"]), head_weight(model).shape[0], -100)
+        return probe
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 777)
+        probe_batch = rollout(
+            model,
+            tok,
+            task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}")),
+            group_size=1,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            system_prompt=system_prompt,
+        )
+    probe = {"batch": probe_batch, "logp0": token_logprobs(model, probe_batch, cfg.temperature, cfg.backend, 1)}
+    torch.save(probe, path)
+    return probe
 
-    bar = None
-    if cfg.progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.max_steps, initial=start_step, desc=f"{loss_cfg.name}", dynamic_ncols=True)
-    step = start_step
-    kl_from_init = history[-1]["kl_from_init"] if history else 0.0
-    interrupted = False
-    rngs = rng_snapshot(task_rng)
-    try:
-        t_train = time.time()
-        while step < cfg.max_steps:
-            if cfg.time_budget_s and time.time() - t_train > cfg.time_budget_s:
-                print(f"\ntime budget of {cfg.time_budget_s:.0f}s reached after {step} steps")
-                summary["stopped_by_time_budget"] = True
-                break
-            t0 = time.time()
-            rngs = rng_snapshot(task_rng)
-            problems = task.sample(cfg.prompts_per_step, task_rng)
-            batch = rollout(
-                model,
-                tok,
-                problems,
-                group_size=cfg.group_size,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                system_prompt=system_prompt,
-                format_weight=cfg.format_reward_weight,
-                engine=engine,
-            )
-            t_gen = time.time() - t0
-            rewards = batch.rewards.to(device)
-            adv, adv_stats = loss_cfg.advantages(rewards, cfg.group_size, return_stats=True)
-            weights, counts = loss_cfg.conflict_weights(
-                batch.completion_ids, batch.completion_mask, adv, cfg.group_size
-            )
-            targets = torch.where(batch.completion_mask, batch.completion_ids, -100)
-            G = cfg.group_size
-            old_logp = token_logprobs(model, batch, cfg.temperature, cfg.backend, G) if cfg.ppo_epochs > 1 else None
-            ref_logp = token_logprobs(ref_model, batch, cfg.temperature, cfg.backend, G) if ref_model else None
+def kl_from_init(run: Run) -> float:
+    """k3 estimate of KL(pi_init || pi) on the probe completions (sampled from the initial policy), >= 0."""
+    batch = run.probe["batch"]
+    logp = token_logprobs(run.model, batch, run.cfg.temperature, run.cfg.backend, 1, check_targets=False)
+    d = (logp - run.probe["logp0"])[batch.completion_mask]  # log(pi / pi_init) on init samples
+    return float((d.exp() - 1 - d).mean())
 
-            model.train()
-            skipped, grad_norm, metrics = 0, float("nan"), {}
-            for _ in range(cfg.ppo_epochs):
-                optimizer.zero_grad(set_to_none=True)
-                hidden = completion_hidden(model, batch, G)  # [N, T, D]: the policy forward never makes logits
-                loss, metrics = sgrpo_loss(
-                    hidden,
-                    head_weight(model),
-                    targets,
-                    adv,
-                    batch.completion_mask,
-                    loss_cfg,
-                    temperature=cfg.temperature,
-                    old_logp=old_logp,
-                    ref_logp=ref_logp,
-                    token_weights=weights,
-                    conflict_counts=counts,
-                    rewards=rewards,
-                    group_size=cfg.group_size,
-                    compute_entropy=True,
-                    backend=cfg.backend,
-                )
-                if not torch.isfinite(loss):
-                    skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
-                    continue
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-                grad_norm = float(norm)
-                if not math.isfinite(grad_norm):
-                    skipped += 1  # non-finite gradient: drop it (Adam state and weights untouched)
-                    optimizer.zero_grad(set_to_none=True)
-                    continue
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-                scheduler.step()
-            if engine is not None:
-                engine.sync(model)
-            step += 1
 
-            if cfg.kl_every and (step % cfg.kl_every == 0 or step == cfg.max_steps):
-                logp = token_logprobs(model, probe["batch"], cfg.temperature, cfg.backend, 1)
-                d = (logp - probe["logp0"])[probe["batch"].completion_mask]  # log(pi / pi_init) on init samples
-                kl_from_init = float((d.exp() - 1 - d).mean())  # k3 estimate of KL(pi_init || pi), >= 0
-            n_tok = int(batch.completion_mask.sum())
-            step_s = time.time() - t0
-            record = {
-                "step": step,
-                "reward_mean": float(batch.rewards.mean()),
-                "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
-                "accuracy": float(batch.correct.float().mean()),
-                "zero_var_frac": float(adv_stats.get("zero_variance_frac", float("nan"))),
-                "entropy_mean": float(metrics.get("entropy_mean", float("nan"))),
-                "grad_norm": grad_norm,
-                "clip_frac": float(metrics.get("clip_frac_low", 0.0) + metrics.get("clip_frac_high", 0.0)),
-                "masked_frac": float(metrics.get("zero_weight_frac", float("nan"))),
-                "filtered_frac": float(metrics.get("filtered_frac", float("nan"))),
-                "completion_len": n_tok / len(batch.texts),
-                "kl_from_init": kl_from_init,
-                "loss": float(metrics.get("loss", float("nan"))),
-                "kl_ref": float(metrics.get("kl", 0.0)),
-                "lr": scheduler.get_last_lr()[0],
-                "skipped": skipped,
-                "tokens_per_s": n_tok / step_s,
-                "gen_s": t_gen,
-                "step_s": step_s,
-                "peak_mem_mb": peak_mem_mb(device),
-                "sample": batch.texts[0],
-            }
-            history.append({k: record[k] for k in ("entropy_mean", "zero_var_frac", "accuracy", "kl_from_init")})
-            record["collapse"] = is_collapsed(history, cfg)
-            if skipped:
-                print(f"step {step}: non-finite loss or gradient, {skipped} update(s) skipped")
-            write(record)
+def resume(run: Run) -> LoopState:
+    """--resume: weights, optimizer, scheduler, RNG states, step and history from OUTPUT_DIR/checkpoint."""
+    if not (run.ckpt_dir / "state.pt").exists():
+        raise FileNotFoundError(f"--resume: no checkpoint at {run.ckpt_dir / 'state.pt'}")
+    step, history = load_checkpoint(run.ckpt_dir, run.model, run.optimizer, run.scheduler, run.task_rng)
+    print(f"resumed from step {step}")
+    return LoopState(step, history, history[-1]["kl_from_init"] if history else 0.0)
+
+
+def save(run: Run, state: LoopState, rngs: dict) -> None:
+    save_checkpoint(run.ckpt_dir, run.model, run.optimizer, run.scheduler, state.step, rngs, state.history, run.cfg)
+
+
+# ----------------------------------------------------------------------------------------------------- one step
+
+
+@dataclass
+class Update:
+    """What the `ppo_epochs` optimizer steps of one batch left."""
+
+    metrics: dict[str, Tensor] | None  # sgrpo_loss metrics of the last epoch (also a skipped one); None: no epoch ran
+    grad_norm: float  # pre-clip norm of the last epoch that got a gradient; nan when none did
+    skipped: int  # epochs whose non-finite loss or gradient was dropped
+
+
+def policy_update(run: Run, batch: Batch, groups: GroupSignals) -> Update:
+    """`ppo_epochs` optimizer steps on one rollout batch, then the schedule's step. A non-finite loss or gradient
+    skips that epoch's update (weights and Adam state untouched). The targets' range is checked by the first op call
+    only: one host sync per step."""
+    cfg, model, G = run.cfg, run.model, run.cfg.group_size
+    targets = completion_targets(batch)
+    check = itertools.chain([None], itertools.repeat(False))  # None: env SGRPO_CHECK_TARGETS (default on)
+    old_logp = ref_logp = None
+    if cfg.ppo_epochs > 1:  # the behaviour policy's log-probs, for the ratio of the later epochs
+        old_logp = token_logprobs(model, batch, cfg.temperature, cfg.backend, G, next(check))
+    if run.ref_model is not None:
+        ref_logp = token_logprobs(run.ref_model, batch, cfg.temperature, cfg.backend, G, next(check))
+
+    model.train()
+    skipped, grad_norm, metrics = 0, float("nan"), None
+    for _ in range(cfg.ppo_epochs):
+        run.optimizer.zero_grad(set_to_none=True)
+        hidden = completion_hidden(model, batch, G)  # [N, T, D]: the policy forward never makes logits
+        loss, metrics = sgrpo_loss(
+            hidden,
+            head_weight(model),
+            targets,
+            groups.advantages,
+            batch.completion_mask,
+            run.loss_cfg,
+            temperature=cfg.temperature,
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
+            compute_entropy=True,
+            backend=cfg.backend,
+            check_targets=next(check),
+        )
+        if not torch.isfinite(loss):
+            skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
+            continue
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
+        grad_norm = float(norm)
+        if not math.isfinite(grad_norm):
+            skipped += 1  # non-finite gradient: drop it (Adam state and weights untouched)
+            run.optimizer.zero_grad(set_to_none=True)
+            continue
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        run.scheduler.step()
+    return Update(metrics, grad_norm, skipped)
+
+
+# The loss values of a record when no loss was computed (ppo_epochs = 0): what such a record has always said.
+NO_LOSS = {
+    "entropy_mean": math.nan,
+    "clip_frac": 0.0,
+    "masked_frac": math.nan,
+    "filtered_frac": math.nan,
+    "loss": math.nan,
+    "kl_ref": 0.0,
+}
+
+
+def step_record(
+    run: Run, state: LoopState, batch: Batch, groups: GroupSignals, update: Update, t0: float, t_gen: float
+) -> dict:
+    """The metrics.jsonl record of a step. The device-side numbers (advantage stats, the last epoch's loss metrics,
+    the token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here."""
+    on_device = {"zero_var_frac": groups.stats["zero_variance_frac"], "n_tok": batch.completion_mask.sum()}
+    m = update.metrics
+    if m is not None:
+        on_device |= {
+            "entropy_mean": m["entropy_mean"],
+            "clip_frac": m["clip_frac_low"] + m["clip_frac_high"],
+            "masked_frac": m["zero_weight_frac"],
+            "filtered_frac": m["filtered_frac"],
+            "loss": m["loss"],
+            "kl_ref": m["kl"],
+        }
+    v = metrics_to_floats(on_device)
+    lv = v if m is not None else NO_LOSS
+    n_tok = int(v["n_tok"])
+    step_s = time.time() - t0
+    return {
+        "step": state.step,
+        "reward_mean": float(batch.rewards.mean()),
+        "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
+        "accuracy": float(batch.correct.float().mean()),
+        "zero_var_frac": v["zero_var_frac"],
+        "entropy_mean": lv["entropy_mean"],
+        "grad_norm": update.grad_norm,
+        "clip_frac": lv["clip_frac"],
+        "masked_frac": lv["masked_frac"],
+        "filtered_frac": lv["filtered_frac"],
+        "completion_len": n_tok / len(batch.texts),
+        "kl_from_init": state.kl_from_init,
+        "loss": lv["loss"],
+        "kl_ref": lv["kl_ref"],
+        "lr": run.scheduler.get_last_lr()[0],
+        "skipped": update.skipped,
+        "tokens_per_s": n_tok / step_s,
+        "gen_s": t_gen,
+        "step_s": step_s,
+        "peak_mem_mb": peak_mem_mb(run.device),
+        "sample": batch.texts[0],
+    }
+
+
+def train_step(run: Run, state: LoopState) -> dict:
+    """One RL step: rollout -> advantages and conflict weights (`prepare_groups`) -> `policy_update` -> the KL probe
+    when due -> the step's metrics record (with the collapse flag). `state.step` counts the step as soon as the
+    weights have moved, so a Ctrl-C after that checkpoints it."""
+    cfg = run.cfg
+    t0 = time.time()
+    problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
+    batch = rollout(
+        run.model,
+        run.tok,
+        problems,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        system_prompt=run.system_prompt,
+        format_weight=cfg.format_reward_weight,
+        engine=run.engine,
+    )
+    t_gen = time.time() - t0
+    rewards = batch.rewards.to(run.device)
+    groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
+    update = policy_update(run, batch, groups)
+    if run.engine is not None:
+        run.engine.sync(run.model)
+    state.step += 1
+
+    if cfg.kl_every and (state.step % cfg.kl_every == 0 or state.step == cfg.max_steps):
+        state.kl_from_init = kl_from_init(run)
+    record = step_record(run, state, batch, groups, update, t0, t_gen)
+    state.history.append({k: record[k] for k in HISTORY_KEYS})
+    record["collapse"] = is_collapsed(state.history, cfg)
+    if update.skipped:
+        print(f"step {state.step}: non-finite loss or gradient, {update.skipped} update(s) skipped")
+    return record
+
+
+# ----------------------------------------------------------------------------------------------------- reporting
+
+
+def heldout_eval(run: Run, log: MetricsLog, step: int, label: str | None = None) -> dict:
+    """`evaluate` on the held-out set, logged as an eval event (and printed when `label` is given)."""
+    ev = evaluate(run.model, run.tok, run.heldout, run.cfg, run.engine, run.system_prompt)
+    log.write({"step": step, "event": "eval", **ev})
+    if label is not None:
+        print(f"held-out {label + ':':<7} acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
+    return ev
+
+
+def compare_heldout(summary: dict) -> None:
+    """summary["delta"]: held-out accuracy after - before, also in standard errors of the difference."""
+    b, a = summary["before"], summary["after"]
+    diff_se = math.sqrt(b["eval_acc_se"] ** 2 + a["eval_acc_se"] ** 2)
+    summary["delta"] = a["eval_acc"] - b["eval_acc"]
+    summary["delta_in_se"] = summary["delta"] / diff_se if diff_se > 0 else float("nan")
+    print(f"held-out change: {summary['delta']:+.3f} ({summary['delta_in_se']:+.1f} standard errors)")
+
+
+def progress_bar(cfg: TrainConfig, start: int, name: str):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.max_steps, initial=start, desc=f"{name}", dynamic_ncols=True)
+
+
+def show_progress(bar, record: dict) -> None:
+    if bar is not None:
+        bar.set_postfix(
+            reward=f"{record['reward_mean']:.2f}",
+            H=f"{record['entropy_mean']:.2f}",
+            gn=f"{record['grad_norm']:.2f}",
+            refresh=False,
+        )
+        bar.update(1)
+
+
+# ----------------------------------------------------------------------------------------------------- the loop
+
+
+def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> dict:
+    """Run RL training; returns a summary dict (also written to OUTPUT_DIR/summary.json)."""
+    t_start = time.time()
+    run = setup(cfg, loss_overrides, model_and_tokenizer)
+    state = resume(run) if cfg.resume else LoopState()
+    summary: dict = {"output_dir": str(run.out_dir), "preset": run.loss_cfg.name, "model": cfg.model}
+    with MetricsLog(run.out_dir / "metrics.jsonl", resume_step=state.step if cfg.resume else None) as log:
+        if state.step == 0:
+            summary["before"] = heldout_eval(run, log, 0, "before")
+        elif (run.out_dir / "summary.json").exists():  # a resumed run keeps the first run's "before" (if it had one)
+            summary["before"] = json.loads((run.out_dir / "summary.json").read_text()).get("before")
+        bar = progress_bar(cfg, state.step, run.loss_cfg.name)
+        interrupted, rngs = False, rng_snapshot(run.task_rng)
+        try:
+            t_train = time.time()
+            while state.step < cfg.max_steps:
+                if cfg.time_budget_s and time.time() - t_train > cfg.time_budget_s:
+                    print(f"\ntime budget of {cfg.time_budget_s:.0f}s reached after {state.step} steps")
+                    summary["stopped_by_time_budget"] = True
+                    break
+                rngs = rng_snapshot(run.task_rng)  # the start of this step: what a Ctrl-C checkpoint resumes from
+                record = train_step(run, state)  # batch -> rollout -> advantages -> loss -> optimizer step
+                log.write(record)
+                show_progress(bar, record)
+                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
+                    heldout_eval(run, log, state.step)
+                if cfg.save_every and state.step % cfg.save_every == 0:
+                    save(run, state, rng_snapshot(run.task_rng))
+            rngs = rng_snapshot(run.task_rng)
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"\ninterrupted: saving checkpoint at step {state.step} (continue with --resume)")
+        finally:
             if bar is not None:
-                bar.set_postfix(
-                    reward=f"{record['reward_mean']:.2f}",
-                    H=f"{record['entropy_mean']:.2f}",
-                    gn=f"{grad_norm:.2f}",
-                    refresh=False,
-                )
-                bar.update(1)
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:
-                write({"step": step, "event": "eval", **evaluate(model, tok, heldout, cfg, engine, system_prompt)})
-            if cfg.save_every and step % cfg.save_every == 0:
-                save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, rng_snapshot(task_rng), history, cfg)
-        rngs = rng_snapshot(task_rng)
-    except KeyboardInterrupt:
-        interrupted = True
-        print(f"\ninterrupted: saving checkpoint at step {step} (continue with --resume)")
-    finally:
-        if bar is not None:
-            bar.close()
-    save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, rngs, history, cfg)
-    summary["steps"] = step
-    if not interrupted:
-        ev = evaluate(model, tok, heldout, cfg, engine, system_prompt)
-        summary["after"] = ev
-        write({"step": step, "event": "eval", **ev})
-        print(f"held-out after:  acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
-        if summary.get("before"):
-            b, a = summary["before"], summary["after"]
-            diff_se = math.sqrt(b["eval_acc_se"] ** 2 + a["eval_acc_se"] ** 2)
-            summary["delta"] = a["eval_acc"] - b["eval_acc"]
-            summary["delta_in_se"] = summary["delta"] / diff_se if diff_se > 0 else float("nan")
-            print(f"held-out change: {summary['delta']:+.3f} ({summary['delta_in_se']:+.1f} standard errors)")
-    log.close()
+                bar.close()
+        save(run, state, rngs)
+        summary["steps"] = state.step
+        if not interrupted:
+            summary["after"] = heldout_eval(run, log, state.step, "after")
+            if summary.get("before"):
+                compare_heldout(summary)
     summary["wall_s"] = time.time() - t_start
     summary["interrupted"] = interrupted
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"done in {summary['wall_s']:.0f}s; metrics in {out_dir / 'metrics.jsonl'}")
+    (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")
     return summary

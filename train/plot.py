@@ -54,7 +54,7 @@ def plot(run_dirs: list[str], out: str, smooth: int = 5, labels: list[str] | Non
                 ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color, label=label)
             else:
                 xs = [r["step"] for r in steps]
-                ys = [float(r.get(key, float("nan"))) for r in steps]
+                ys = [float(r[key]) for r in steps]  # a renamed metric is a KeyError, not an empty panel
                 ax.plot(xs, ys, color=color, alpha=0.25)
                 ax.plot(xs, _smooth(ys, smooth), color=color, label=label)
             ax.set_title(title, fontsize=10)
