@@ -163,12 +163,18 @@ def check_int_tensor(name: str, x: object) -> Tensor:
 
 
 def check_mask(name: str, x: object, shape: tuple[int, ...], what: str = "") -> Tensor:
-    """A mask is bool (True = valid) or floating (non-zero = valid, value = weight); integer masks are refused."""
+    """A mask is bool (True = valid) or floating (non-zero = valid, value = a finite weight >= 0); integer masks are
+    refused. A floating mask's values are checked (one device-to-host sync; a bool mask costs nothing)."""
     x = check_tensor(name, x)
     if x.dtype != torch.bool and not x.is_floating_point():
         raise TypeError(f"{name} must be a bool or floating tensor, got dtype {x.dtype}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {shape_str(x)}, expected {tuple(shape)}{what}")
+    if x.is_floating_point() and x.numel() > 0:
+        bad = ~torch.isfinite(x) | (x < 0)
+        if bool(bad.any()):
+            raise ValueError(f"{name} must hold finite weights >= 0 (0 = masked); found {int(bad.sum())} negative or "
+                             f"non-finite value(s), e.g. {x[bad][:3].tolist()}")
     return x
 
 

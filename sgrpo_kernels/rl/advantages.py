@@ -1,7 +1,7 @@
 """Group-relative advantages (GRPO family), vectorized over contiguous groups of G completions.
 
-All methods view rewards[B] as [B // G, G] (completions g*G .. g*G+G-1 belong to prompt g). NaN rewards (unscorable
-completions, TRL's ``None`` rewards) are left out of every statistic and get advantage 0.
+All methods view rewards[B] as [B // G, G] (completions g*G .. g*G+G-1 belong to prompt g). NaN and +-inf rewards
+(unscorable completions, TRL's ``None`` rewards) are left out of every statistic and get advantage 0.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import Tensor
 from sgrpo_kernels.backends.contract import stats_dtype
 from sgrpo_kernels.validation import check_choice, check_group_size, check_number, check_tensor
 
-__all__ = ["ADVANTAGE_METHODS", "group_advantages"]
+__all__ = ["ADVANTAGE_METHODS", "check_advantage_options", "group_advantages"]
 
 ADVANTAGE_METHODS = ("grpo", "dr_grpo", "rloo", "lite_ppo", "ngrpo", "all_fail_negative")
 
@@ -33,7 +33,9 @@ _METHOD_OPTIONS: dict[str, dict[str, Any]] = {
 _COMMON_OPTIONS: dict[str, Any] = {"r_min": 0.0, "r_max": 1.0, "positive_only": False}
 
 
-def _resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+def check_advantage_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of `method` with their defaults; unknown names, bad values and r_min > r_max are refused (also
+    when a :class:`~sgrpo_kernels.rl.LossConfig` is built, not only at the first step)."""
     allowed = {**_COMMON_OPTIONS, **_METHOD_OPTIONS[method]}
     if method == "all_fail_negative":
         # the base method's own options (and defaults, e.g. NGRPO's k and eps) apply too
@@ -58,6 +60,8 @@ def _resolve_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
         check_choice("base", opts["base"], ("grpo", "dr_grpo", "rloo", "lite_ppo", "ngrpo"))
     opts["r_min"] = check_number("r_min", opts["r_min"])
     opts["r_max"] = check_number("r_max", opts["r_max"])
+    if opts["r_min"] > opts["r_max"]:
+        raise ValueError(f"r_min ({opts['r_min']}) must be <= r_max ({opts['r_max']}): they bound the reward range")
     if not isinstance(opts["positive_only"], bool):
         raise TypeError(f"positive_only must be a bool, got {type(opts['positive_only']).__name__}")
     return opts
@@ -71,19 +75,30 @@ def _constant_value(r: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return valid.any(dim=1, keepdim=True) & (gmax == gmin), gmax
 
 
+def _pow2_scale(r: Tensor, extra: float = 0.0) -> Tensor:
+    """[n, 1] power of two >= max(|r|, |extra|) per row (1 for an all-zero row). Sums and squares are taken of r / c,
+    so rewards up to the dtype's max never overflow; dividing by a power of two is exact, so ordinary rewards give
+    bitwise the same statistics as without scaling."""
+    top = torch.maximum(r.abs().amax(dim=1, keepdim=True), torch.full_like(r[:, :1], abs(extra)))
+    _, exp = torch.frexp(torch.where(top > 0, top, torch.ones_like(top)))
+    return torch.ldexp(torch.ones_like(top), exp)
+
+
 def _group_mean_std(r: Tensor, valid: Tensor, unbiased: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Per-group count, mean and std over valid entries. r: [n, G] with invalid entries already 0."""
     n = valid.sum(dim=1, keepdim=True).to(r.dtype)  # [n, 1]
-    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    c = _pow2_scale(r)
+    rs = r / c
+    mean_s = rs.sum(dim=1, keepdim=True) / n.clamp(min=1)
     # A constant group's mean is its value exactly (sum / n rounds), so its advantages are exactly 0 and the
     # backends can skip its rows.
     const, value = _constant_value(r, valid)
-    mean = torch.where(const, value, mean)
-    sq = torch.where(valid, (r - mean) ** 2, torch.zeros_like(r)).sum(dim=1, keepdim=True)
+    mean_s = torch.where(const, value / c, mean_s)
+    sq = torch.where(valid, (rs - mean_s) ** 2, torch.zeros_like(rs)).sum(dim=1, keepdim=True)
     denom = (n - 1) if unbiased else n
     # A group with fewer than 2 (unbiased) or 1 valid rewards has no spread: std 0.
-    std = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq)).sqrt()
-    return n, mean, std
+    std_s = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq)).sqrt()
+    return n, mean_s * c, std_s * c
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:
@@ -101,8 +116,8 @@ def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]
         return r - mean
     if method == "rloo":
         n, _, _ = _group_mean_std(r, valid, False)
-        total = r.sum(dim=1, keepdim=True)
-        others = (total - r) / (n - 1).clamp(min=1)
+        c = _pow2_scale(r)
+        others = ((r / c).sum(dim=1, keepdim=True) - r / c) / (n - 1).clamp(min=1) * c
         const, _ = _constant_value(r, valid)
         return torch.where((n > 1) & ~const, r - others, torch.zeros_like(r))
     if method == "lite_ppo":
@@ -112,16 +127,18 @@ def _base_advantages(method: str, r: Tensor, valid: Tensor, opts: dict[str, Any]
         return _safe_div(r - mean, batch_std + opts["eps"])
     if method == "ngrpo":
         k, r_max = opts["k"], opts["r_max"]
+        c = _pow2_scale(r, r_max)  # as in _group_mean_std: statistics of r / c, never overflowing
+        rs, r_max_s = r / c, r_max / c
         n = valid.sum(dim=1, keepdim=True).to(r.dtype)
         n_aug = n + k
-        mean = (r.sum(dim=1, keepdim=True) + k * r_max) / n_aug.clamp(min=1)
+        mean_s = (rs.sum(dim=1, keepdim=True) + k * r_max_s) / n_aug.clamp(min=1)
         const, value = _constant_value(r, valid)
-        mean = torch.where(const & ((value == r_max) | (k == 0)), value, mean)
-        sq = torch.where(valid, (r - mean) ** 2, torch.zeros_like(r)).sum(dim=1, keepdim=True)
-        sq = sq + k * (r_max - mean) ** 2
+        mean_s = torch.where(const & ((value == r_max) | (k == 0)), value / c, mean_s)
+        sq = torch.where(valid, (rs - mean_s) ** 2, torch.zeros_like(rs)).sum(dim=1, keepdim=True)
+        sq = sq + k * (r_max_s - mean_s) ** 2
         denom = (n_aug - 1) if opts["unbiased"] else n_aug
-        std = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq)).sqrt()
-        return _safe_div(r - mean, std + opts["eps"])
+        std_s = torch.where(denom > 0, sq / denom.clamp(min=1), torch.zeros_like(sq)).sqrt()
+        return _safe_div(rs - mean_s, std_s + opts["eps"] / c)
     raise AssertionError(method)  # unreachable: method validated by the caller
 
 
@@ -131,7 +148,9 @@ def group_advantages(
     r"""Group-relative advantages of B = n_groups * G completions.
 
     Args:
-        rewards: ``[B]`` float (int/bool accepted). NaN = unscorable: excluded from the statistics, advantage 0.
+        rewards: ``[B]`` float (int/bool accepted). NaN or +-inf = unscorable: excluded from the statistics, advantage
+            0. Statistics are taken of rewards scaled by a power of two per group, so values up to the dtype's max do
+            not overflow the variance.
         group_size: G; B must be a multiple of G; groups are contiguous.
         method: one of
 
@@ -155,7 +174,7 @@ def group_advantages(
         return_stats: also return a dict of 0-d tensors (no host sync; :func:`~sgrpo_kernels.rl.metrics_to_floats`
             converts them in one copy): ``zero_variance_frac`` (groups whose valid rewards are all equal
             or that have fewer than 2 valid rewards), ``all_pass_frac`` (all valid rewards ``>= r_max``),
-            ``all_fail_frac`` (all ``<= r_min``), ``nan_frac`` (fraction of NaN rewards), ``reward_mean``,
+            ``all_fail_frac`` (all ``<= r_min``), ``nan_frac`` (fraction of non-finite rewards), ``reward_mean``,
             ``reward_std``, ``adv_mean``, ``adv_std`` (over valid completions).
         **options: method options above, plus for every method ``r_min=0.0``, ``r_max=1.0`` (the reward range) and
             ``positive_only=False`` (negative advantages set to 0, applied last).
@@ -171,11 +190,11 @@ def group_advantages(
         raise TypeError(f"rewards must be a real tensor, got dtype {rewards.dtype}")
     g = check_group_size(group_size, rewards.shape[0], "rewards")
     check_choice("method", method, ADVANTAGE_METHODS)
-    opts = _resolve_options(method, options)
+    opts = check_advantage_options(method, options)
 
     dtype = stats_dtype(rewards.dtype)
     r = rewards.detach().to(dtype).reshape(-1, g)  # [n_groups, G]
-    valid = ~torch.isnan(r)
+    valid = torch.isfinite(r)  # NaN and +-inf rewards are unscorable: left out of every statistic, advantage 0
     r0 = torch.where(valid, r, torch.zeros_like(r))
 
     if method == "all_fail_negative":
@@ -212,9 +231,7 @@ def _stats(r0: Tensor, valid: Tensor, adv: Tensor, opts: dict[str, Any]) -> dict
     all_fail = _all_below(r0, valid, opts["r_min"]).squeeze(1)
     flat_valid = valid.reshape(-1)
     n_total = flat_valid.sum().clamp(min=1).to(r0.dtype)
-    rv = r0.reshape(-1)
-    r_mean = rv.sum() / n_total
-    r_std = (torch.where(flat_valid, (rv - r_mean) ** 2, torch.zeros_like(rv)).sum() / n_total).sqrt()
+    _, r_mean, r_std = (x.reshape(()) for x in _group_mean_std(r0.reshape(1, -1), flat_valid.reshape(1, -1), False))
     a_mean = torch.where(flat_valid, adv, torch.zeros_like(adv)).sum() / n_total
     a_std = (torch.where(flat_valid, (adv - a_mean) ** 2, torch.zeros_like(adv)).sum() / n_total).sqrt()
     dt = r0.dtype

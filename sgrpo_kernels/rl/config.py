@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
-from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
+from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, check_advantage_options, group_advantages
 from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import parse_entropy_filter
 from sgrpo_kernels.validation import check_choice, check_number
@@ -99,6 +99,10 @@ class LossConfig:
         check_choice("LossConfig.advantage_method", self.advantage_method, ADVANTAGE_METHODS)
         if not isinstance(self.advantage_options, Mapping):
             raise TypeError(f"LossConfig.advantage_options must be a mapping, got {type(self.advantage_options)}")
+        try:  # refused when the config is built, not at the first training step
+            check_advantage_options(self.advantage_method, dict(self.advantage_options))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"LossConfig.advantage_options: {exc}") from None
         if self.conflict_strategy is not None:
             check_choice("LossConfig.conflict_strategy", self.conflict_strategy, CONFLICT_STRATEGIES)
         check_number("LossConfig.conflict_w_pos", self.conflict_w_pos)

@@ -111,14 +111,15 @@ def entropy_threshold(
     group_size: int | None = None,
     vocab_size: int | None = None,
 ) -> Tensor:
-    """The completion-entropy threshold for ``spec`` as a 0-d tensor (fixed value, quantile of the batch's completion
-    mean entropies over non-empty completions, or :func:`adaptive_entropy_threshold`)."""
+    """The completion-entropy threshold for ``spec`` as a 0-d tensor (fixed value, quantile of the batch's finite
+    completion mean entropies over non-empty completions, or :func:`adaptive_entropy_threshold`)."""
     kind, value = parse_entropy_filter(spec)
     dev, dt = mean_entropy.device, mean_entropy.dtype
     if kind == "fixed":
         return torch.tensor(value, dtype=dt, device=dev)
     if kind == "quantile":
-        vals = mean_entropy[seq_valid]
+        # a NaN / inf completion entropy is filtered itself (h <= thr is False) but does not set the threshold
+        vals = mean_entropy[seq_valid & torch.isfinite(mean_entropy)]
         if vals.numel() == 0:
             return torch.tensor(math.inf, dtype=dt, device=dev)
         return torch.quantile(vals, value)

@@ -3,7 +3,7 @@
     _sanitize            the batch on valid positions only (padding can never leak NaN into a gradient)
     _shape_advantages    entropy filter (which completions train), entropy advantage shift, positive_only
     _token_weights       mask x conflict weights x kept completions x top-entropy tokens -> w, active
-    _importance_ratio    token ratio or GSPO sequence ratio
+    _importance_ratio    token ratio or GSPO sequence ratio (inputs restricted to active tokens first)
     _clipped_surrogate   PPO clip / clip-higher / dual clip
     _k3                  the k3 KL estimate against ref_logp
     _aggregate           the five loss aggregation modes
@@ -97,16 +97,23 @@ def _token_weights(config: LossConfig, x: _Batch, token_weights: Tensor | None, 
     return w, active
 
 
-def _importance_ratio(config: LossConfig, x: _Batch, old_logp: Tensor | None) -> Tensor:
-    r"""Token :math:`e^{\log\pi - \log\pi^{old}}` (on-policy: :math:`e^{\log\pi - sg(\log\pi)}`) or the GSPO
-    sequence ratio in token form :math:`sg(s_i)\,\pi/sg(\pi)`; log-ratios clamped to ``log_ratio_clip``."""
+def _importance_ratio(config: LossConfig, lp: Tensor, old: Tensor, seq_lr: Tensor) -> Tensor:
+    r"""Token :math:`e^{\log\pi - \log\pi^{old}}` or the GSPO sequence ratio in token form
+    :math:`sg(s_i)\,\pi/sg(\pi)` with :math:`\log s_i` = ``seq_lr``; log-ratios clamped to ``log_ratio_clip``."""
     c = config.log_ratio_clip
-    old = torch.where(x.valid, old_logp.detach().to(x.lp.dtype), x.zero) if old_logp is not None else x.lp.detach()
-    log_ratio = x.lp - old
     if config.importance_level == "token":
-        return torch.exp(log_ratio.clamp(-c, c))
-    seq_lr = (log_ratio.detach() * x.m).sum(dim=1) / _safe(x.n_tok)
-    return torch.exp(seq_lr.clamp(-c, c)).unsqueeze(1) * torch.exp(x.lp - x.lp.detach())
+        return torch.exp((lp - old).clamp(-c, c))
+    return torch.exp(seq_lr.clamp(-c, c)).unsqueeze(1) * torch.exp(lp - lp.detach())
+
+
+def _old_logp(x: _Batch, old_logp: Tensor | None) -> Tensor:
+    """Behaviour-policy log-probs on valid positions; on-policy (None): sg(log pi)."""
+    return torch.where(x.valid, old_logp.detach().to(x.lp.dtype), x.zero) if old_logp is not None else x.lp.detach()
+
+
+def _seq_log_ratio(x: _Batch, old: Tensor) -> Tensor:
+    """GSPO: the mean log-ratio of each completion over its valid tokens (detached)."""
+    return ((x.lp.detach() - old) * x.m).sum(dim=1) / _safe(x.n_tok)
 
 
 def _clipped_surrogate(config: LossConfig, a: Tensor, ratio: Tensor) -> tuple[Tensor, Tensor]:
@@ -120,10 +127,9 @@ def _clipped_surrogate(config: LossConfig, a: Tensor, ratio: Tensor) -> tuple[Te
     return pg, dual
 
 
-def _k3(config: LossConfig, x: _Batch, ref_logp: Tensor) -> Tensor:
+def _k3(config: LossConfig, lp: Tensor, ref: Tensor) -> Tensor:
     """k3 = e^d - d - 1 with d = ref - logp (clamped to log_ratio_clip): an unbiased, >= 0 estimate of KL."""
-    ref = torch.where(x.valid, ref_logp.detach().to(x.lp.dtype), x.zero)
-    d = (ref - x.lp).clamp(-config.log_ratio_clip, config.log_ratio_clip)
+    d = (ref - lp).clamp(-config.log_ratio_clip, config.log_ratio_clip)
     return torch.exp(d) - d - 1.0
 
 
@@ -259,11 +265,21 @@ def policy_loss(
     x = _sanitize(logp, entropy, mask)
     adv, keep, thr = _shape_advantages(config, x, adv.detach().to(x.m.dtype), rewards, group_size, vocab_size)
     w, active = _token_weights(config, x, token_weights, keep)
-    ratio = _importance_ratio(config, x, old_logp)
-    per_tok, dual = _clipped_surrogate(config, adv.unsqueeze(1), ratio)
-    k3 = _k3(config, x, ref_logp) if ref_logp is not None else None
-    if k3 is not None and config.beta > 0:
-        per_tok = per_tok + config.beta * k3
+    old = _old_logp(x, old_logp)
+    ref = torch.where(x.valid, ref_logp.detach().to(x.lp.dtype), x.zero) if ref_logp is not None else None
+    seq_lr = _seq_log_ratio(x, old) if config.importance_level == "sequence" else None
+
+    # The loss terms see only active tokens: every input is replaced by 0 elsewhere *before* any arithmetic, so an
+    # inactive position receives exactly zero gradient whatever sits there (a NaN advantage on a filtered completion,
+    # NaN reference log-probs under a zero weight): where() on the output alone would give 0 * NaN = NaN gradients.
+    def on_active(v: Tensor) -> Tensor:
+        return torch.where(active, v, x.zero)
+
+    lp_a, a = on_active(x.lp), on_active(adv.unsqueeze(1))
+    ratio = _importance_ratio(config, lp_a, on_active(old), seq_lr)
+    per_tok, dual = _clipped_surrogate(config, a, ratio)
+    if ref is not None and config.beta > 0:
+        per_tok = per_tok + config.beta * _k3(config, lp_a, on_active(ref))
 
     weighted = torch.where(active, w * per_tok, x.zero)
     if config.conflict_count_norm:
@@ -278,14 +294,19 @@ def policy_loss(
         entropy_loss = entropy_loss + _entropy_band_penalty(config, x, active)
     loss = pg_loss + entropy_loss
 
-    metrics = _metrics(config, x, loss, pg_loss, entropy_loss, ratio.detach(), adv, active, keep, dual, w, k3, thr)
+    # metrics over valid tokens, from the detached valid-position inputs
+    ratio_valid = _importance_ratio(config, x.lp.detach(), old, seq_lr).detach()
+    k3_valid = _k3(config, x.lp.detach(), ref) if ref is not None else None
+    metrics = _metrics(config, x, loss, pg_loss, entropy_loss, ratio_valid, ratio.detach(), a, adv, active, keep, dual,
+                       w, k3_valid, thr)
     return loss, metrics
 
 
-def _metrics(config: LossConfig, x: _Batch, loss: Tensor, pg_loss: Tensor, entropy_loss: Tensor, ratio: Tensor,
-             adv: Tensor, active: Tensor, keep: Tensor, dual: Tensor, w: Tensor, k3: Tensor | None,
-             thr: Tensor) -> dict[str, Tensor]:
-    """Every metric of :func:`policy_loss` as a 0-d tensor of the compute dtype."""
+def _metrics(config: LossConfig, x: _Batch, loss: Tensor, pg_loss: Tensor, entropy_loss: Tensor, ratio_valid: Tensor,
+             ratio: Tensor, a: Tensor, adv: Tensor, active: Tensor, keep: Tensor, dual: Tensor, w: Tensor,
+             k3: Tensor | None, thr: Tensor) -> dict[str, Tensor]:
+    """Every metric of :func:`policy_loss` as a 0-d tensor of the compute dtype. `ratio_valid` / `k3` hold every
+    valid token; `ratio` and the per-token advantage `a` are the loss-side values (0 / 1 off the active tokens)."""
     dt, valid, seq_valid = ratio.dtype, x.valid, x.seq_valid
     nan = torch.tensor(math.nan, dtype=dt, device=ratio.device)
     n_valid, n_active, n_seq = valid.sum().to(dt), active.sum().to(dt), seq_valid.sum().to(dt)
@@ -297,9 +318,10 @@ def _metrics(config: LossConfig, x: _Batch, loss: Tensor, pg_loss: Tensor, entro
         return torch.where(n_valid > 0, torch.where(valid, v, 0.0).sum() / n_valid.clamp(min=1), nan)
 
     def vextreme(v: Tensor, fill: float, reduce) -> Tensor:
-        return torch.where(n_valid > 0, reduce(torch.where(valid, v, fill)), nan)
+        # the fill element keeps the reduction defined on B = 0 or T = 0
+        fill_t = torch.full((1,), fill, dtype=dt, device=v.device)
+        return torch.where(n_valid > 0, reduce(torch.cat([torch.where(valid, v, fill).reshape(-1), fill_t])), nan)
 
-    a = adv.unsqueeze(1)
     a_seq = torch.where(seq_valid, adv, 0.0)
     a_mean = a_seq.sum() / n_seq.clamp(min=1)
     kl = vmean(k3) if k3 is not None else torch.zeros((), dtype=dt, device=ratio.device)
@@ -311,9 +333,9 @@ def _metrics(config: LossConfig, x: _Batch, loss: Tensor, pg_loss: Tensor, entro
         "clip_frac_low": frac(active & (ratio < 1.0 - config.epsilon_low) & (a < 0), n_active),
         "clip_frac_high": frac(active & (ratio > 1.0 + config.epsilon_high) & (a > 0), n_active),
         "dual_clip_frac": frac(dual & active, n_active),
-        "ratio_mean": vmean(ratio),
-        "ratio_min": vextreme(ratio, math.inf, torch.min),
-        "ratio_max": vextreme(ratio, -math.inf, torch.max),
+        "ratio_mean": vmean(ratio_valid),
+        "ratio_min": vextreme(ratio_valid, math.inf, torch.min),
+        "ratio_max": vextreme(ratio_valid, -math.inf, torch.max),
         "entropy_mean": vmean(x.h.detach()) if x.h is not None else nan,
         "kl": kl,
         "zero_weight_frac": frac(valid & (w == 0), n_valid),

@@ -1,0 +1,163 @@
+"""The RL layer under hostile values (issue 11, item 3): NaN / inf where no gradient may flow, non-finite and huge
+rewards, NaN entropies under the quantile filter, bad masks and options refused early, empty batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sgrpo_kernels import rl, sgrpo_loss
+
+PRESETS = list(rl.PRESETS)
+
+
+def _loss_inputs(b=4, t=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=g, dtype=torch.float64) * 2
+    ent = torch.rand(b, t, generator=g, dtype=torch.float64) * 0.5  # below ln 2: no completion filtered
+    ref = logp + 0.1 * torch.randn(b, t, generator=g, dtype=torch.float64)
+    return logp, ent, ref
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("name", PRESETS)
+def test_non_finite_advantage_on_a_zero_weight_completion_gives_zero_gradient(name, bad):
+    # before: a finite loss and NaN gradients in row 0 (0 * NaN through the clipped surrogate's backward)
+    logp, ent, ref = _loss_inputs()
+    adv = torch.tensor([bad, 1.0, -1.0, 0.5], dtype=torch.float64)
+    weights = torch.ones(4, 3, dtype=torch.float64)
+    weights[0] = 0.0
+    lp, h = logp.clone().requires_grad_(True), ent.clone().requires_grad_(True)
+    loss, _ = rl.policy_loss(lp, adv, torch.ones(4, 3, dtype=torch.bool), rl.preset(name), entropy=h, ref_logp=ref,
+                             token_weights=weights)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.equal(lp.grad[0], torch.zeros(3, dtype=torch.float64))
+    if h.grad is not None:  # presets without entropy terms leave the entropy out of the graph
+        assert torch.equal(h.grad[0], torch.zeros(3, dtype=torch.float64)) and torch.isfinite(h.grad).all()
+    assert torch.isfinite(lp.grad).all() and lp.grad[1:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["gtpo", "s_grpo", "gtpo_official"])
+def test_nan_advantage_on_an_entropy_filtered_completion_gives_zero_gradient(name):
+    logp, ent, ref = _loss_inputs()
+    ent[0] = 5.0  # completion 0 is above every preset's threshold: filtered
+    adv = torch.tensor([math.nan, 1.0, -1.0, 0.5], dtype=torch.float64)
+    lp = logp.clone().requires_grad_(True)
+    loss, m = rl.policy_loss(lp, adv, torch.ones(4, 3, dtype=torch.bool), rl.preset(name), entropy=ent)
+    loss.backward()
+    assert float(m["filtered_frac"]) == 0.25
+    assert torch.isfinite(loss) and torch.equal(lp.grad[0], torch.zeros(3, dtype=torch.float64))
+    assert torch.isfinite(lp.grad).all()
+
+
+def test_nan_old_and_ref_logp_under_zero_weight_give_zero_gradient():
+    logp, ent, ref = _loss_inputs()
+    old = logp.detach() + 0.05
+    old[0, 1], ref[0, 1] = math.nan, math.inf
+    weights = torch.ones(4, 3, dtype=torch.float64)
+    weights[0, 1] = 0.0
+    lp = logp.clone().requires_grad_(True)
+    cfg = rl.preset("grpo")  # k3 to the reference and a token ratio against old_logp
+    loss, _ = rl.policy_loss(lp, torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64),
+                             torch.ones(4, 3, dtype=torch.bool), cfg, old_logp=old, ref_logp=ref, token_weights=weights)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all() and lp.grad[0, 1] == 0
+
+
+@pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo", "lite_ppo", "ngrpo"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_reward_is_left_out(method, bad):
+    # before: dr_grpo / rloo gave [-inf, nan] and lite_ppo zeroed the whole batch
+    r = torch.tensor([bad, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+    adv, stats = rl.group_advantages(r, 4, method, return_stats=True)
+    assert torch.isfinite(adv).all() and adv[0] == 0
+    if method != "lite_ppo":  # (lite_ppo divides by the batch std, which spans both groups)
+        want = rl.group_advantages(r[1:4], 3, method)  # the group without the unscorable reward
+        torch.testing.assert_close(adv[1:4], want)
+    assert adv[4:].abs().sum() > 0  # the other group still learns
+    assert float(stats["nan_frac"]) == 1 / 8 and math.isfinite(float(stats["reward_std"]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["grpo", "lite_ppo", "ngrpo", "rloo", "dr_grpo"])
+def test_huge_rewards_do_not_overflow(method, dtype):
+    r = torch.tensor([1.0, 0.0, 0.25, 1.0, -1.0, 0.5, 0.5, 0.0], dtype=dtype)
+    scale = 2.0**100  # 1.3e30: its square overflows float32
+    opts = {"eps": 0.0} if method in ("grpo", "lite_ppo", "ngrpo") else {}
+    if method == "ngrpo":
+        opts["r_max"] = scale  # the virtual sample scales with the rewards
+    big, stats = rl.group_advantages(r * scale, 4, method, return_stats=True, **opts)
+    if method == "ngrpo":
+        opts["r_max"] = 1.0
+    small = rl.group_advantages(r, 4, method, **opts)
+    assert torch.isfinite(big).all() and math.isfinite(float(stats["reward_std"]))
+    if method in ("rloo", "dr_grpo"):  # advantages in reward units
+        torch.testing.assert_close(big, small * scale)
+    else:  # scale-free
+        torch.testing.assert_close(big, small)
+
+
+def test_huge_rewards_1e30():
+    r = torch.tensor([1e30, -1e30, 5e29, 0.0])
+    adv = rl.group_advantages(r, 4, "grpo")
+    want = rl.group_advantages(r.double() / 1e30, 4, "grpo", eps=0.0).float()
+    torch.testing.assert_close(adv, want)
+
+
+def test_nan_entropy_under_the_quantile_filter_filters_only_that_completion():
+    # before: the quantile was NaN, so every completion was filtered and the loss was silently 0
+    logp, ent, _ = _loss_inputs(b=8)
+    ent[2] = math.nan
+    cfg = rl.LossConfig(entropy_filter="quantile:0.75")
+    lp = logp.clone().requires_grad_(True)
+    loss, m = rl.policy_loss(lp, torch.linspace(-1, 1, 8, dtype=torch.float64), torch.ones(8, 3, dtype=torch.bool),
+                             cfg, entropy=ent)
+    loss.backward()
+    assert math.isfinite(float(m["entropy_threshold"]))
+    assert 0 < float(m["filtered_frac"]) < 1 and torch.equal(lp.grad[2], torch.zeros(3, dtype=torch.float64))
+    assert torch.isfinite(lp.grad).all() and lp.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
+def test_bad_float_mask_values_are_refused(value):
+    logp, ent, _ = _loss_inputs()
+    mask = torch.ones(4, 3, dtype=torch.float64)
+    mask[1, 2] = value
+    with pytest.raises(ValueError, match="mask must hold finite weights >= 0"):
+        rl.policy_loss(logp, torch.ones(4, dtype=torch.float64), mask, rl.preset("dapo"))
+    h, w = torch.randn(4, 3, 8), torch.randn(11, 8)
+    with pytest.raises(ValueError, match="mask must hold finite weights >= 0"):
+        sgrpo_loss(h, w, torch.zeros(4, 3, dtype=torch.long), torch.ones(4), mask.float(), rl.preset("dapo"))
+
+
+@pytest.mark.parametrize("options, exc, match", [
+    ({"r_min": 1.0, "r_max": 0.0}, ValueError, r"r_min \(1.0\) must be <= r_max \(0.0\)"),
+    ({"bogus": 1}, TypeError, "unknown option"),
+    ({"eps": -1.0}, ValueError, "eps must be >= 0"),
+    ({"eps": math.nan}, ValueError, "eps must be finite"),
+])
+def test_bad_advantage_options_are_refused_when_the_config_is_built(options, exc, match):
+    # before: LossConfig accepted them and the first training step raised
+    with pytest.raises(exc, match=f"LossConfig.advantage_options: .*{match}"):
+        rl.LossConfig(advantage_options=options)
+
+
+@pytest.mark.parametrize("b, t", [(0, 3), (2, 0), (0, 0)])
+@pytest.mark.parametrize("name", PRESETS)
+def test_empty_batch_gives_a_zero_loss(name, b, t):
+    # before: min() of an empty tensor raised in the metrics
+    cfg = rl.preset(name)
+    lp = torch.zeros(b, t, requires_grad=True)
+    loss, m = rl.policy_loss(lp, torch.zeros(b), torch.ones(b, t, dtype=torch.bool), cfg, entropy=torch.zeros(b, t),
+                             ref_logp=torch.zeros(b, t))
+    loss.backward()
+    assert float(loss) == 0.0 and lp.grad.shape == (b, t)
+    hidden = torch.zeros(b, t, 4, requires_grad=True)
+    weight = torch.randn(5, 4, requires_grad=True)
+    loss, _ = sgrpo_loss(hidden, weight, torch.zeros(b, t, dtype=torch.long), torch.zeros(b),
+                         torch.ones(b, t, dtype=torch.bool), cfg, ref_logp=torch.zeros(b, t), compute_entropy=True)
+    loss.backward()
+    assert float(loss) == 0.0 and torch.equal(weight.grad, torch.zeros(5, 4))
