@@ -58,13 +58,15 @@ class Call:
         return cls(backend, check, Options(*values))
 
     def for_backward(self, **grads_needed: bool) -> Call:
-        return dataclasses.replace(self, opts=dataclasses.replace(self.opts, need_lse=True, **grads_needed))
+        return dataclasses.replace(self, opts=dataclasses.replace(self.opts, need_stats=True, **grads_needed))
 
 
 _OPTION_FIELDS = dataclasses.fields(Options)
 _N_CALL = 2 + len(_OPTION_FIELDS)  # the Call fields in a schema: backward returns None for each
 _CALL_SCHEMA = "str backend, bool check_targets, " + ", ".join(f"{f.type} {f.name}" for f in _OPTION_FIELDS)
-_STATS = "(Tensor logp, Tensor entropy, Tensor lse)"  # entropy / lse are empty (0,) when not requested
+# stats (2, N) = [row max m; log s] of z = logits / temperature (backends/contract.py), kept for the backward;
+# entropy is empty (0,) and stats empty (2, 0) when not requested
+_STATS = "(Tensor logp, Tensor entropy, Tensor stats)"
 
 
 def _custom_op(name: str, tensors: str, returns: str, mutates: tuple[str, ...] = ()):
@@ -78,16 +80,21 @@ def _row_stats_fake(ref: Tensor, call: Call) -> tuple[Tensor, Tensor, Tensor]:
     return (
         ref.new_empty((n,), **kw),
         ref.new_empty((n if call.opts.return_entropy else 0,), **kw),
-        ref.new_empty((n if call.opts.need_lse else 0,), **kw),
+        ref.new_empty((2, n if call.opts.need_stats else 0), **kw),
     )
 
 
-def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, lse: Tensor, entropy: Tensor, call: Call):
+def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, stats: Tensor, entropy: Tensor, call: Call):
     """The two upstream gradients in the statistics dtype, and the saved entropy; None where the entropy was not
     requested or received no gradient."""
     ent = call.opts.return_entropy
-    g_ent = grad_entropy.to(lse.dtype) if (ent and grad_entropy is not None) else None
-    return grad_logp.to(lse.dtype), g_ent, (entropy if ent else None)
+    g_ent = grad_entropy.to(stats.dtype) if (ent and grad_entropy is not None) else None
+    return grad_logp.to(stats.dtype), g_ent, (entropy if ent else None)
+
+
+def _check_saved(stats: Tensor, n: int, op: str) -> None:
+    if stats.shape != (2, n):
+        raise RuntimeError(f"{op}: backward called on a forward that saved no statistics (need_stats=False)")
 
 
 # -------------------------------------------------------------------------------------------------- linear_logprobs
@@ -95,7 +102,8 @@ def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, lse: Tensor, entro
 
 @_custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", _STATS)
 def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *call: object):
-    """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
+    """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64
+    inputs)."""
     call = Call.unpack(call)
     if call.check_targets:
         check_target_values(targets, weight.shape[0], call.opts.ignore_index)
@@ -109,23 +117,23 @@ def _(hidden, weight, targets, bias, *call):
 
 @_custom_op(
     "linear_logprobs_bwd",
-    "Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor lse, "
+    "Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor stats, "
     "Tensor? entropy",
     "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)",
 )
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, *call: object):
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call: object):
     """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,); a gradient that is not needed (no bias, or
     need_grad_* False) comes back as an empty (0,) tensor."""
     call = Call.unpack(call)
     opts = call.opts
-    grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy,
-                                                  opts)
+    grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats,
+                                                  entropy, opts)
     wanted = (opts.need_grad_hidden, opts.need_grad_weight, opts.need_grad_weight and bias is not None)
     return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
 
 
 @linear_logprobs_bwd.register_fake
-def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, *call):
+def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call):
     opts = Call.unpack(call).opts
 
     def like(t, wanted):
@@ -136,21 +144,20 @@ def _(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, *cal
 
 def _linear_setup_context(ctx, inputs, output):
     hidden, weight, targets, bias, *call = inputs
-    _, entropy, lse = output
-    ctx.save_for_backward(hidden, weight, targets, bias, lse, entropy)
+    _, entropy, stats = output
+    ctx.save_for_backward(hidden, weight, targets, bias, stats, entropy)
     ctx.call = Call.unpack(tuple(call))
     ctx.has_bias = bias is not None
 
 
-def _linear_backward(ctx, grad_logp, grad_entropy, _grad_lse):
-    hidden, weight, targets, bias, lse, entropy = ctx.saved_tensors
-    if lse.numel() != hidden.shape[0]:
-        raise RuntimeError("linear_logprobs: backward called on a forward that saved no statistics (need_lse=False)")
+def _linear_backward(ctx, grad_logp, grad_entropy, _grad_stats):
+    hidden, weight, targets, bias, stats, entropy = ctx.saved_tensors
+    _check_saved(stats, hidden.shape[0], "linear_logprobs")
     need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
     need_b = ctx.has_bias and need_b
     call = ctx.call.for_backward(need_grad_hidden=need_h, need_grad_weight=need_w or need_b)
-    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, lse, entropy, call)
-    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, lse, ent, *call.pack())
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
+    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, stats, ent, *call.pack())
     return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None) + (None,) * _N_CALL
 
 
@@ -159,12 +166,13 @@ torch.library.register_autograd("sgrpo::linear_logprobs_fwd", _linear_backward, 
 
 # --------------------------------------------------------------------------------------------- logprobs_from_logits
 
-_LOGITS_BWD_TENSORS = "Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits, Tensor targets, Tensor lse, Tensor? entropy"
+_LOGITS_BWD_TENSORS = ("Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits, Tensor targets, Tensor stats, "
+                       "Tensor? entropy")
 
 
 @_custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", _STATS)
 def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
-    """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), lse (N,) or (0,); fp32 (fp64 for fp64 inputs)."""
+    """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64 inputs)."""
     call = Call.unpack(call)
     if call.check_targets:
         check_target_values(targets, logits.shape[1], call.opts.ignore_index)
@@ -177,45 +185,44 @@ def _(logits, targets, *call):
 
 
 @_custom_op("logprobs_from_logits_bwd", _LOGITS_BWD_TENSORS.format(""), "Tensor")
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, *call: object):
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object):
     """-> grad_logits (N, V) in a new buffer."""
     call = Call.unpack(call)
-    return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy,
+    return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy,
                                                       call.opts)
 
 
 @logprobs_from_logits_bwd.register_fake
-def _(grad_logp, grad_entropy, logits, targets, lse, entropy, *call):
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
     return torch.empty_like(logits)
 
 
 @_custom_op("logprobs_from_logits_bwd_", _LOGITS_BWD_TENSORS.format("(a!)"), "()", mutates=("logits",))
-def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, lse, entropy, *call: object) -> None:
+def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object) -> None:
     """In-place variant (call.opts.inplace_backward): overwrites `logits` with grad_logits chunk by chunk, no second
     (N, V) buffer."""
     call = Call.unpack(call)
-    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, call.opts)
+    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, call.opts)
 
 
 @logprobs_from_logits_bwd_.register_fake
-def _(grad_logp, grad_entropy, logits, targets, lse, entropy, *call):
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
     return None
 
 
 def _logits_setup_context(ctx, inputs, output):
     logits, targets, *call = inputs
-    _, entropy, lse = output
-    ctx.save_for_backward(logits, targets, lse, entropy)
+    _, entropy, stats = output
+    ctx.save_for_backward(logits, targets, stats, entropy)
     ctx.call = Call.unpack(tuple(call))
 
 
-def _logits_backward(ctx, grad_logp, grad_entropy, _grad_lse):
-    logits, targets, lse, entropy = ctx.saved_tensors
-    if lse.numel() != logits.shape[0]:
-        raise RuntimeError("logprobs_from_logits: backward called on a forward that saved no statistics")
+def _logits_backward(ctx, grad_logp, grad_entropy, _grad_stats):
+    logits, targets, stats, entropy = ctx.saved_tensors
+    _check_saved(stats, logits.shape[0], "logprobs_from_logits")
     call = ctx.call.for_backward()
-    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, lse, entropy, call)
-    args = (g_logp, g_ent, logits, targets, lse, ent, *call.pack())
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
+    args = (g_logp, g_ent, logits, targets, stats, ent, *call.pack())
     if call.opts.inplace_backward:
         logprobs_from_logits_bwd_(*args)
         grad = logits
@@ -288,7 +295,7 @@ def linear_logprobs(
         check_targets=_check_targets(check_targets),
         opts=Options(
             temperature=temperature, ignore_index=ignore_index,
-            return_entropy=check_flag("return_entropy", return_entropy), need_lse=needs_grad,
+            return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad,
             memory_budget=_budget(memory_budget),
         ),
     )
@@ -338,7 +345,7 @@ def logprobs_from_logits(
         check_targets=_check_targets(check_targets),
         opts=Options(
             temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy,
-            need_lse=torch.is_grad_enabled() and logits.requires_grad, memory_budget=_budget(memory_budget),
+            need_stats=torch.is_grad_enabled() and logits.requires_grad, memory_budget=_budget(memory_budget),
             inplace_backward=inplace_backward,
         ),
     )

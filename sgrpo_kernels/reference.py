@@ -22,7 +22,8 @@ def logprobs_from_logits(
     """logp = log_softmax(z)[y], H = -sum p log p with z = logits / temperature; ignored rows give 0.
 
     Computed in the dtype of `logits` (the "same-dtype naive computation"); results cast to `out_dtype`
-    (None keeps the computation dtype).
+    (None keeps the computation dtype). torch.log_softmax works in the shifted form (z - max z) - log sum exp(z - max z)
+    (values and gradient), so in float64 this is the accurate specification even at large |z| and with ties at the top.
     """
     z = logits / temperature
     logp_all = torch.log_softmax(z, dim=-1)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from emu_loader import emu_module
 
-from sgrpo_kernels.backends.npu_backend import FINALIZE, HAS_PREV, STATE_FLOATS, WRITE_ENTROPY, WRITE_LSE, WRITE_STATE
+from sgrpo_kernels.backends.npu_backend import FINALIZE, HAS_PREV, STATE_FLOATS, WRITE_ENTROPY, WRITE_STATE, WRITE_STATS
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
@@ -35,29 +35,38 @@ def kernels(emu_lib, cores: int = 8, tiny: bool = False):
 
 
 def ref_stats(logits: torch.Tensor, targets: torch.Tensor, tau: float):
-    """float64 logp, entropy, lse; ignored rows 0 (lse too)."""
+    """float64 logp, entropy and the row statistics stats (2, N) = [max z; log sum exp(z - max z)], all in the shifted
+    form; ignored rows 0 (stats too)."""
     z = logits.double() / tau
-    lse = torch.logsumexp(z, -1)
-    p = torch.exp(z - lse[:, None])
-    ent = lse - (p * z).sum(-1)
+    m = z.max(-1).values
+    log_s = torch.logsumexp(z - m[:, None], -1)
+    logp_all = (z - m[:, None]) - log_s[:, None]
+    ent = -(logp_all.exp() * logp_all).sum(-1)
     keep = targets != IGNORE
-    logp = z.gather(1, targets.clamp(min=0)[:, None]).squeeze(1) - lse
-    zero = torch.zeros_like(lse)
-    return torch.where(keep, logp, zero), torch.where(keep, ent, zero), torch.where(keep, lse, zero)
+    logp = logp_all.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    zero = torch.zeros_like(m)
+    stats = torch.stack((torch.where(keep, m, zero), torch.where(keep, log_s, zero)))
+    return torch.where(keep, logp, zero), torch.where(keep, ent, zero), stats
 
 
 def ref_grad(logits, targets, gl, gh, tau):
-    """float64 dL/dlogits of docs/design.md; ignored rows 0."""
+    """float64 dL/dlogits of docs/design.md (log p in the shifted form); ignored rows 0."""
     z = logits.double() / tau
-    lse = torch.logsumexp(z, -1, keepdim=True)
-    p = torch.exp(z - lse)
-    ent = lse - (p * z).sum(-1, keepdim=True)
+    m = z.max(-1, keepdim=True).values
+    logp = (z - m) - torch.logsumexp(z - m, -1, keepdim=True)
+    p = logp.exp()
+    ent = -(p * logp).sum(-1, keepdim=True)
     onehot = torch.zeros_like(z)
     onehot.scatter_(1, targets.clamp(min=0)[:, None], 1.0)
     gl = gl.double()[:, None]
     gh = torch.zeros_like(gl) if gh is None else gh.double()[:, None]
-    dz = gl * (onehot - p) - gh * p * (z - lse + ent)
+    dz = gl * (onehot - p) - gh * p * (logp + ent)
     return torch.where((targets != IGNORE)[:, None], dz / tau, torch.zeros_like(dz))
+
+
+def _poisoned(n: int):
+    """NaN-filled logp (N,), entropy (N,) and stats (2, N) output buffers."""
+    return torch.full((n,), float("nan")), torch.full((n,), float("nan")), torch.full((2, n), float("nan"))
 
 
 def make_case(n: int, v: int, dtype: torch.dtype, seed: int = 0, scale: float = 3.0, ignore_every: int = 4):
@@ -96,13 +105,13 @@ def test_stats_finalize(emu_lib, n, v, dtype, tiny):
     logits, targets = make_case(n, v, dtype)
     tau = 0.7
     k = kernels(emu_lib, cores=3, tiny=tiny)
-    logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
-    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, lse, 0,
-                   FINALIZE | WRITE_ENTROPY | WRITE_LSE, 1.0 / tau, IGNORE)
-    r_logp, r_ent, r_lse = ref_stats(logits, targets, tau)
+    logp, ent, stats = _poisoned(n)
+    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, stats, 0,
+                   FINALIZE | WRITE_ENTROPY | WRITE_STATS, 1.0 / tau, IGNORE)
+    r_logp, r_ent, r_stats = ref_stats(logits, targets, tau)
     assert_close_f32(logp, r_logp, "logp")
     assert_close_f32(ent, r_ent, "entropy")
-    assert_close_f32(lse, r_lse, "lse")
+    assert_close_f32(stats, r_stats, "stats")
     if tiny and v > 256:
         assert k.launches[-1]["n_tiles"] > 1
 
@@ -114,22 +123,22 @@ def test_stats_over_vocab_chunks(emu_lib, dtype):
     logits, targets = make_case(n, v, dtype, seed=1, scale=5.0)
     k = kernels(emu_lib, cores=5, tiny=True)
     state = torch.full((n, STATE_FLOATS), float("nan"))
-    logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
+    logp, ent, stats = _poisoned(n)
     bounds = [0, 320, 321, 1024, v]  # includes a 1-column chunk
     for i in range(len(bounds) - 1):
         v0, v1 = bounds[i], bounds[i + 1]
         last = v1 == v
-        final = FINALIZE | WRITE_ENTROPY | WRITE_LSE
+        final = FINALIZE | WRITE_ENTROPY | WRITE_STATS
         flags = (HAS_PREV if i else 0) | (final if last else WRITE_STATE)
-        k.logits_stats(logits[:, v0:v1].contiguous(), targets, state, logp, ent, lse, v0, flags, 1.0, IGNORE)
-    r_logp, r_ent, r_lse = ref_stats(logits, targets, 1.0)
+        k.logits_stats(logits[:, v0:v1].contiguous(), targets, state, logp, ent, stats, v0, flags, 1.0, IGNORE)
+    r_logp, r_ent, r_stats = ref_stats(logits, targets, 1.0)
     assert_close_f32(logp, r_logp, "logp")
     assert_close_f32(ent, r_ent, "entropy")
-    assert_close_f32(lse, r_lse, "lse")
+    assert_close_f32(stats, r_stats, "stats")
 
 
 def test_stats_strided_rows_and_no_entropy(emu_lib):
-    """Rows at an odd GM stride (unaligned row starts) and entropy / lse not requested (buffers untouched)."""
+    """Rows at an odd GM stride (unaligned row starts) and entropy / stats not requested (buffers untouched)."""
     n, v = 11, 333
     wide, targets = make_case(n, v + 5, torch.bfloat16, seed=2)
     targets = targets.clamp(max=v - 1)
@@ -146,14 +155,14 @@ def test_all_rows_ignored_and_more_cores_than_rows(emu_lib):
     n, v = 3, 100
     logits, targets = make_case(n, v, torch.float32)
     targets[:] = IGNORE
-    logp, ent, lse = (torch.full((n,), float("nan")) for _ in range(3))
+    logp, ent, stats = _poisoned(n)
     k = kernels(emu_lib, cores=48)
-    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, lse, 0,
-                   FINALIZE | WRITE_ENTROPY | WRITE_LSE, 1.0, IGNORE)
+    k.logits_stats(logits, targets, torch.empty(0, STATE_FLOATS), logp, ent, stats, 0,
+                   FINALIZE | WRITE_ENTROPY | WRITE_STATS, 1.0, IGNORE)
     assert k.launches[-1]["block_dim"] == 3
-    assert (logp == 0).all() and (ent == 0).all()
+    assert (logp == 0).all() and (ent == 0).all() and (stats == 0).all()
     out = torch.full_like(logits, float("nan"))
-    k.logits_grad(logits, out, targets, lse, ent, torch.ones(n), torch.ones(n), 0, 1.0, IGNORE)
+    k.logits_grad(logits, out, targets, stats, ent, torch.ones(n), torch.ones(n), 0, 1.0, IGNORE)
     assert (out == 0).all()
 
 
@@ -171,11 +180,11 @@ def test_grad(emu_lib, n, v, dtype, tiny, with_entropy):
         gl[2] = 0.0  # a zero-gradient row (skipped: written as zeros)
         if gh is not None:
             gh[2] = 0.0
-    r_logp, r_ent, r_lse = ref_stats(logits, targets, tau)
-    lse, ent = r_lse.float(), r_ent.float()
+    r_logp, r_ent, r_stats = ref_stats(logits, targets, tau)
+    stats, ent = r_stats.float(), r_ent.float()
     out = torch.full_like(logits, float("nan"))
-    kernels(emu_lib, cores=3, tiny=tiny).logits_grad(logits, out, targets, lse, ent if with_entropy else None, gl, gh,
-                                                     0, 1.0 / tau, IGNORE)
+    kernels(emu_lib, cores=3, tiny=tiny).logits_grad(logits, out, targets, stats, ent if with_entropy else None, gl,
+                                                     gh, 0, 1.0 / tau, IGNORE)
     ref = ref_grad(logits, targets, gl, gh, tau)
     assert_close_dtype(out, ref, "grad_logits")
 
@@ -188,11 +197,11 @@ def test_grad_in_place_chunk_with_offset(emu_lib, dtype):
     targets[3] = 450  # inside the chunk
     g = torch.Generator().manual_seed(6)
     gl, gh = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    _, r_ent, r_lse = ref_stats(logits, targets, 1.0)
+    _, r_ent, r_stats = ref_stats(logits, targets, 1.0)
     ref = ref_grad(logits, targets, gl, gh, 1.0)
     v0, v1 = 300, 700
     chunk = logits[:, v0:v1].contiguous()
-    kernels(emu_lib, cores=6, tiny=True).logits_grad(chunk, chunk, targets, r_lse.float(), r_ent.float(), gl, gh, v0,
+    kernels(emu_lib, cores=6, tiny=True).logits_grad(chunk, chunk, targets, r_stats.float(), r_ent.float(), gl, gh, v0,
                                                      1.0, IGNORE)
     assert_close_dtype(chunk, ref[:, v0:v1], "grad chunk")
 

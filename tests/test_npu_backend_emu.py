@@ -92,8 +92,8 @@ def test_linear_logprobs_fwd_bwd(emu_kernels, dtype, bias, budget):
     tau = 0.8
     opts = Options(temperature=tau, ignore_index=IGNORE, memory_budget=budget)
     with npu.use_kernels(emu_kernels):
-        logp, ent, lse = npu.linear_logprobs_fwd(hidden, weight, targets, b, opts)
-        gh_, gw_, gb_ = npu.linear_logprobs_bwd(gl, gh, hidden, weight, targets, b, lse, ent, opts)
+        logp, ent, stats = npu.linear_logprobs_fwd(hidden, weight, targets, b, opts)
+        gh_, gw_, gb_ = npu.linear_logprobs_bwd(gl, gh, hidden, weight, targets, b, stats, ent, opts)
     r_logp, r_ent, grads = ref_linear(hidden, weight, targets, b, tau, gl, gh)
     # bf16: the [N, Vc] chunk matmul rounds logits to bf16 (as torch_npu's matmul does); fp32 everywhere else.
     lo = dtype == torch.bfloat16
@@ -117,11 +117,11 @@ def test_linear_no_entropy_grad_and_all_rows_skipped(emu_kernels):
     targets = torch.randint(0, v, (n,), generator=g)
     opts = Options(return_entropy=False, memory_budget=1000)
     with npu.use_kernels(emu_kernels):
-        logp, ent, lse = npu.linear_logprobs_fwd(hidden, weight, targets, None, opts)
+        logp, ent, stats = npu.linear_logprobs_fwd(hidden, weight, targets, None, opts)
         assert ent.numel() == 0
         gl = torch.randn(n, generator=g)
-        gh_, gw_, _ = npu.linear_logprobs_bwd(gl, None, hidden, weight, targets, None, lse, None, opts)
-        z_h, z_w, _ = npu.linear_logprobs_bwd(torch.zeros(n), None, hidden, weight, targets, None, lse, None, opts)
+        gh_, gw_, _ = npu.linear_logprobs_bwd(gl, None, hidden, weight, targets, None, stats, None, opts)
+        z_h, z_w, _ = npu.linear_logprobs_bwd(torch.zeros(n), None, hidden, weight, targets, None, stats, None, opts)
     r_logp, _, grads = ref_linear(hidden, weight, targets, None, 1.0, gl, None)
     _close(logp, r_logp, 0, 2e-5, "logp")
     _close(gh_, grads[0], 1e-5, 1e-5, "grad_hidden")
@@ -164,8 +164,8 @@ def test_logprobs_from_logits(emu_kernels, dtype, inplace):
     (r_grad,) = torch.autograd.grad((gl.double() * r_logp).sum() + (gh.double() * r_ent).sum(), [x])
     buf = logits.clone()
     with npu.use_kernels(emu_kernels):
-        logp, ent, lse = npu.logprobs_from_logits_fwd(buf, targets, opts)
-        grad = npu.logprobs_from_logits_bwd(gl, gh, buf, targets, lse, ent, opts)
+        logp, ent, stats = npu.logprobs_from_logits_fwd(buf, targets, opts)
+        grad = npu.logprobs_from_logits_bwd(gl, gh, buf, targets, stats, ent, opts)
     _close(logp, r_logp, 0, 2e-5, "logp")
     _close(ent, r_ent, 0, 2e-5, "entropy")
     assert (grad.data_ptr() == buf.data_ptr()) == inplace

@@ -66,6 +66,12 @@ def test_argument_checks(binding_ops):
     with pytest.raises(RuntimeError, match="state"):
         binding_ops.logits_stats(torch.randn(3, 5), y, torch.empty(3, 4), torch.empty(3), torch.empty(0),
                                  torch.empty(0), 0, 2, 1.0, IGNORE)
+    with pytest.raises(RuntimeError, match=r"stats must be a contiguous \(2, 3\)"):  # (N,) is the old lse layout
+        binding_ops.logits_stats(torch.randn(3, 5), y, torch.empty(0, 8), torch.empty(3), torch.empty(0),
+                                 torch.empty(3), 0, npu.FINALIZE | npu.WRITE_STATS, 1.0, IGNORE)
+    with pytest.raises(RuntimeError, match="stats"):
+        binding_ops.logits_grad(torch.randn(3, 5), torch.empty(3, 5), y, torch.empty(3), None, torch.ones(3), None,
+                                0, 1.0, IGNORE)
 
 
 def test_meta_registration(binding_ops):
@@ -85,11 +91,11 @@ def test_backend_through_binding(binding_ops, dtype):
     gl, gh = torch.randn(n, generator=g), torch.randn(n, generator=g)
     opts = Options(memory_budget=2000)
     with npu.use_kernels(npu._TorchNpuKernels()):
-        logp, ent, lse = npu.linear_logprobs_fwd(h, w, y, None, opts)
-        grad_h, grad_w, _ = npu.linear_logprobs_bwd(gl, gh, h, w, y, None, lse, ent, opts)
+        logp, ent, stats = npu.linear_logprobs_fwd(h, w, y, None, opts)
+        grad_h, grad_w, _ = npu.linear_logprobs_bwd(gl, gh, h, w, y, None, stats, ent, opts)
         logits = (h.float() @ w.float().t()).to(dtype)
-        lp2, ent2, lse2 = npu.logprobs_from_logits_fwd(logits, y, Options(inplace_backward=True))
-        g2 = npu.logprobs_from_logits_bwd(gl, gh, logits, y, lse2, ent2, Options(inplace_backward=True))
+        lp2, ent2, stats2 = npu.logprobs_from_logits_fwd(logits, y, Options(inplace_backward=True))
+        g2 = npu.logprobs_from_logits_bwd(gl, gh, logits, y, stats2, ent2, Options(inplace_backward=True))
     assert g2.data_ptr() == logits.data_ptr()
     hh, ww = h.double().requires_grad_(), w.double().requires_grad_()
     ls = torch.log_softmax(hh @ ww.t(), -1)

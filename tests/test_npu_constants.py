@@ -26,7 +26,7 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 # npu_backend name -> sgrpo_tiling.h name
 FLAGS = {
     "HAS_PREV": "kHasPrev", "WRITE_STATE": "kWriteState", "FINALIZE": "kFinalize", "WRITE_ENTROPY": "kWriteEntropy",
-    "WRITE_LSE": "kWriteLse", "HAS_GRAD_ENTROPY": "kHasGradEntropy",
+    "WRITE_STATS": "kWriteStats", "HAS_GRAD_ENTROPY": "kHasGradEntropy",
 }
 MIRRORED = {**FLAGS, "STATE_FLOATS": "kStateFloats", "UB_BYTES": "kUbBytes", "MAX_TILE": "kMaxTile"}
 DTYPE_NAMES = {torch.float32: "kFloat32", torch.float16: "kFloat16", torch.bfloat16: "kBFloat16"}

@@ -38,13 +38,13 @@ def _call(backend, **opts):
 def test_opcheck_linear(dev_backend, bias, return_entropy):
     device, backend = dev_backend
     h, w, t, b = (x.to(device) if x is not None else None for x in _inputs(bias=bias))
-    args = (h, w, t, b, *_call(backend, temperature=0.7, return_entropy=return_entropy, need_lse=True))
+    args = (h, w, t, b, *_call(backend, temperature=0.7, return_entropy=return_entropy, need_stats=True))
     torch.library.opcheck(torch.ops.sgrpo.linear_logprobs_fwd.default, args)
     gl, ge = torch.randn(6, device=device), torch.randn(6, device=device)
-    _, ent, lse = torch.ops.sgrpo.linear_logprobs_fwd(*[a.detach() if isinstance(a, torch.Tensor) else a
+    _, ent, stats = torch.ops.sgrpo.linear_logprobs_fwd(*[a.detach() if isinstance(a, torch.Tensor) else a
                                                         for a in args])
     bwd_args = (gl, ge if return_entropy else None, h.detach(), w.detach(), t, b.detach() if b is not None else None,
-                lse, ent if return_entropy else None)
+                stats, ent if return_entropy else None)
     for need_h, need_w in [(True, True), (True, False), (False, True)]:
         call = _call(backend, temperature=0.7, return_entropy=return_entropy, need_grad_hidden=need_h,
                      need_grad_weight=need_w)
@@ -56,12 +56,12 @@ def test_opcheck_logits(dev_backend, return_entropy):
     device, backend = dev_backend
     z = torch.randn(5, 29, device=device, requires_grad=True)
     t = torch.randint(0, 29, (5,), device=device)
-    call = _call(backend, temperature=1.3, return_entropy=return_entropy, need_lse=True)
+    call = _call(backend, temperature=1.3, return_entropy=return_entropy, need_stats=True)
     args = (z, t, *call)
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_fwd.default, args)
-    _, ent, lse = torch.ops.sgrpo.logprobs_from_logits_fwd(z.detach(), *args[1:])
+    _, ent, stats = torch.ops.sgrpo.logprobs_from_logits_fwd(z.detach(), *args[1:])
     bwd_args = (torch.randn(5, device=device), torch.randn(5, device=device) if return_entropy else None, z.detach(),
-                t, lse, ent if return_entropy else None, *call)
+                t, stats, ent if return_entropy else None, *call)
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_bwd.default, bwd_args)
 
 
@@ -319,8 +319,8 @@ def test_torch_backend_never_allocates_full_logits(dtype):
     h, w, t, b = _inputs(N=N, D=D, V=V, dtype=dtype, requires_grad=False)
     opts = Options(temperature=0.9, memory_budget=64 * 1024)  # tile of 4096 elements << N * V = 262144
     with _RecordShapes() as rec:
-        logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
-        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, lse, ent, opts)
+        logp, ent, stats = tc.linear_logprobs_fwd(h, w, t, b, opts)
+        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, stats, ent, opts)
     # the largest tensor is the weight-sized gradient, never anything of N * V elements
     assert rec.max_numel <= max(V * D, 4 * 4096), rec.max_numel
     assert rec.max_numel < N * V
@@ -335,16 +335,16 @@ def test_torch_backend_drops_zero_gradient_rows_before_matmuls():
     g_ent[dead] = 0
     t[0] = -100  # ignored rows drop too, even with a non-zero upstream gradient
     opts = Options(memory_budget=1 << 30)
-    logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
+    logp, ent, stats = tc.linear_logprobs_fwd(h, w, t, b, opts)
     with _RecordShapes() as rec:
-        gh, gw, gb = tc.linear_logprobs_bwd(g_logp, g_ent, h, w, t, b, lse, ent, opts)
+        gh, gw, gb = tc.linear_logprobs_bwd(g_logp, g_ent, h, w, t, b, stats, ent, opts)
     active = int((~dead & (t != -100)).sum())
     assert active == 9
     # the recompute (M = rows), grad_hidden (M = rows) and grad_weight (K = rows) products all see 9 rows, not 40
     kinds = {(m == active, k == active) for m, k, _ in rec.matmuls}
     assert len(rec.matmuls) == 3 and kinds == {(True, False), (False, True)}, rec.matmuls
     # ... and the result equals the dense computation
-    dense = tc.linear_logprobs_bwd(torch.where(dead, 1e-30, g_logp), torch.where(dead, 0.0, g_ent), h, w, t, b, lse,
+    dense = tc.linear_logprobs_bwd(torch.where(dead, 1e-30, g_logp), torch.where(dead, 0.0, g_ent), h, w, t, b, stats,
                                    ent, opts)
     for a, e in zip((gh, gw, gb), dense):
         torch.testing.assert_close(a, e)
@@ -367,8 +367,8 @@ def test_small_n_bf16_does_not_copy_the_whole_weight():
     h, w, t, b = _inputs(N=N, D=D, V=V, dtype=torch.bfloat16, requires_grad=False)
     opts = Options(memory_budget=256 * 1024)
     with _RecordShapes() as rec:
-        logp, ent, lse = tc.linear_logprobs_fwd(h, w, t, b, opts)
-        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, lse, ent, opts)
+        logp, ent, stats = tc.linear_logprobs_fwd(h, w, t, b, opts)
+        tc.linear_logprobs_bwd(torch.randn(N), torch.randn(N), h, w, t, b, stats, ent, opts)
     # the only weight-sized tensor is the bf16 gradient itself; fp32 temporaries are chunk-sized
     assert rec.max_numel <= V * D
     assert rec.fp32_max_numel * 4 <= 256 * 1024, rec.fp32_max_numel

@@ -271,7 +271,7 @@ def test_linear_logp_never_positive(dev_backend, dtype):
 
 
 def test_no_grad_saves_nothing(dev_backend, monkeypatch):
-    """A no-grad call takes the forward-only path (need_lse=False) and builds no graph."""
+    """A no-grad call takes the forward-only path (need_stats=False) and builds no graph."""
     device, backend = dev_backend
     from sgrpo_kernels import backends
 
@@ -280,7 +280,7 @@ def test_no_grad_saves_nothing(dev_backend, monkeypatch):
     real = mod.linear_logprobs_fwd
 
     def spy(*args):
-        seen.append(args[-1].need_lse)
+        seen.append(args[-1].need_stats)
         return real(*args)
 
     monkeypatch.setattr(mod, "linear_logprobs_fwd", spy)

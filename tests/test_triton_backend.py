@@ -55,9 +55,9 @@ def _case(n, d, v, *, device, dtype=torch.float32, bias=True, ignore_frac=0.2, z
 
 def _fwd_bwd(h, w, t, b, gl, ge, **kw):
     opts = Options(**kw)
-    logp, ent, lse = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
-    grads = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, lse, ent, opts, hooks=POISON)
-    return logp, ent, lse, grads
+    logp, ent, stats = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
+    grads = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, stats, ent, opts, hooks=POISON)
+    return logp, ent, stats, grads
 
 
 def _exact(h, w, t, b, gl, ge, temperature=1.0):
@@ -85,20 +85,24 @@ def test_forward_vocab_split_and_merge(device, splits):
     hooks = Hooks(splits=splits, poison=True)
     h, w, t, b, *_ = _case(21, 24, 150, device=device)
     assert launchers._num_splits(21, 150, h, hooks.splits)[0] == splits  # the hook reaches the launch
-    for return_entropy, need_lse in [(True, True), (False, True), (True, False)]:
-        opts = Options(temperature=0.8, return_entropy=return_entropy, need_lse=need_lse)
-        logp, ent, lse = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=hooks)
+    for return_entropy, need_stats in [(True, True), (False, True), (True, False)]:
+        opts = Options(temperature=0.8, return_entropy=return_entropy, need_stats=need_stats)
+        logp, ent, stats = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=hooks)
         exp_logp, exp_ent, _ = _exact(h, w, t, b, torch.zeros(21, device=device), torch.zeros(21, device=device),
                                       temperature=0.8)
         torch.testing.assert_close(logp.double(), exp_logp, atol=2e-5, rtol=2e-5)
-        assert ent.numel() == (21 if return_entropy else 0) and lse.numel() == (21 if need_lse else 0)
+        assert ent.numel() == (21 if return_entropy else 0) and stats.shape == (2, 21 if need_stats else 0)
         if return_entropy:
             torch.testing.assert_close(ent.double(), exp_ent, atol=2e-5, rtol=2e-5)
         ignored = t == IGNORE
         assert (logp[ignored] == 0).all()
-        if need_lse:
-            z = (h.double() @ w.double().T + b.double()) / 0.8
-            torch.testing.assert_close(lse[~ignored].double(), torch.logsumexp(z, -1)[~ignored], atol=2e-5, rtol=2e-5)
+        if need_stats:  # [row max m; log s], 0 on ignored rows
+            z = ((h.double() @ w.double().T + b.double()) / 0.8)[~ignored]
+            m = z.max(-1).values
+            torch.testing.assert_close(stats[0, ~ignored].double(), m, atol=2e-5, rtol=2e-5)
+            torch.testing.assert_close(stats[1, ~ignored].double(), torch.logsumexp(z - m[:, None], -1), atol=2e-5,
+                                       rtol=2e-5)
+            assert (stats[:, ignored] == 0).all()
 
 
 def test_poison_hook_reaches_the_buffers():
@@ -130,12 +134,12 @@ def test_zero_gradient_rows_skipped_bitwise(device, bias):
     h, w, t, b, gl, ge = _case(37, 20, 70, device=device, bias=bias, ignore_frac=0.25, zero_frac=0.4, seed=3)
     big = 1 << 40  # one vocab chunk in both calls, so the chunking is identical
     opts = Options(temperature=1.3, memory_budget=big)
-    logp, ent, lse = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
-    gh, gw, gb = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, lse, ent, opts, hooks=POISON)
+    logp, ent, stats = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
+    gh, gw, gb = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, stats, ent, opts, hooks=POISON)
     a = (t != IGNORE) & ((gl != 0) | (ge != 0))
     assert 0 < int(a.sum()) < 37
     # the same row statistics for the subset call (the forward's vocab split may differ with the row count)
-    gh_a, gw_a, gb_a = tb.linear_logprobs_bwd(gl[a], ge[a], h[a], w, t[a], b, lse[a], ent[a], opts, hooks=POISON)
+    gh_a, gw_a, gb_a = tb.linear_logprobs_bwd(gl[a], ge[a], h[a], w, t[a], b, stats[:, a], ent[a], opts, hooks=POISON)
     assert _bitwise(gw, gw_a)
     if bias:
         assert _bitwise(gb, gb_a)
@@ -183,10 +187,10 @@ def test_backward_vocab_chunking(device):
 def test_float64_inputs_computed_in_float32(device):
     """fp64 is accepted (computed in fp32, documented): fp32-level accuracy, outputs and gradients returned in fp64."""
     h, w, t, b, gl, ge = _case(11, 16, 50, device=device, dtype=torch.float64)
-    logp, ent, lse, (gh, gw, gb) = _fwd_bwd(h, w, t, b, gl, ge)
+    logp, ent, stats, (gh, gw, gb) = _fwd_bwd(h, w, t, b, gl, ge)
     elogp, eent, (egh, egw, egb) = _exact(h, w, t, b, gl, ge)
     assert gh.dtype == gw.dtype == gb.dtype == torch.float64
-    assert logp.dtype == ent.dtype == lse.dtype == torch.float64
+    assert logp.dtype == ent.dtype == stats.dtype == torch.float64
     torch.testing.assert_close(logp.double(), elogp, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(gw, egw, atol=5e-5, rtol=5e-5)
     z = torch.randn(6, 30, dtype=torch.float64, device=device)
@@ -215,12 +219,12 @@ def test_logits_backward_rows_without_gradient_are_zero(device, inplace):
     gl[1::3] = 0
     ge[1::3] = 0
     opts = Options(temperature=1.4, inplace_backward=inplace)
-    logp, ent, lse = tb.logprobs_from_logits_fwd(z, t, opts, hooks=POISON)
+    logp, ent, stats = tb.logprobs_from_logits_fwd(z, t, opts, hooks=POISON)
     zr = z.double().requires_grad_(True)
     lr, er = ref.logprobs_from_logits(zr, t, temperature=1.4, out_dtype=None)
     ((lr * gl.double()).sum() + (er * ge.double()).sum()).backward()
     buf = z.clone()
-    out = tb.logprobs_from_logits_bwd(gl, ge, buf, t, lse, ent, opts, hooks=POISON)
+    out = tb.logprobs_from_logits_bwd(gl, ge, buf, t, stats, ent, opts, hooks=POISON)
     assert (out.data_ptr() == buf.data_ptr()) == inplace
     torch.testing.assert_close(out.double(), zr.grad, atol=5e-5, rtol=5e-5)
     dead = (t == IGNORE) | ((gl == 0) & (ge == 0))
@@ -251,7 +255,7 @@ def test_gpu_real_shapes_bf16_vs_float64(vocab, zero_frac):
     h, w, t, b, gl, ge = _case(n, d, vocab, device="cuda", dtype=torch.bfloat16, bias=False, ignore_frac=0.1,
                                zero_frac=zero_frac, scale=4.0)
     w = (w / math.sqrt(d) * 8).to(torch.bfloat16)  # logits of O(10), as an LM head gives
-    logp, ent, lse, (gh, gw, _) = _fwd_bwd(h, w, t, None, gl, ge, temperature=0.9)
+    logp, ent, stats, (gh, gw, _) = _fwd_bwd(h, w, t, None, gl, ge, temperature=0.9)
     assert torch.isfinite(logp).all() and torch.isfinite(gh.float()).all() and torch.isfinite(gw.float()).all()
     hn, wn = h.detach().requires_grad_(True), w.detach().requires_grad_(True)
     lp_n, en_n = ref.linear_logprobs(hn, wn, t, temperature=0.9)
@@ -276,9 +280,9 @@ def test_gpu_deterministic_and_skipping_at_real_shape():
         assert _bitwise(x, y)
     a = (t != IGNORE) & ((gl != 0) | (ge != 0))
     opts = Options(memory_budget=1 << 40)
-    _, ent, lse = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
-    full = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, lse, ent, opts, hooks=POISON)
-    only = tb.linear_logprobs_bwd(gl[a], ge[a], h[a], w, t[a], b, lse[a], ent[a], opts, hooks=POISON)
+    _, ent, stats = tb.linear_logprobs_fwd(h, w, t, b, opts, hooks=POISON)
+    full = tb.linear_logprobs_bwd(gl, ge, h, w, t, b, stats, ent, opts, hooks=POISON)
+    only = tb.linear_logprobs_bwd(gl[a], ge[a], h[a], w, t[a], b, stats[:, a], ent[a], opts, hooks=POISON)
     assert _bitwise(full[1], only[1]) and _bitwise(full[2], only[2]) and _bitwise(full[0][a], only[0])
     assert (full[0][~a] == 0).all()
 
@@ -289,7 +293,7 @@ def test_gpu_one_million_rows():
     """2^20 rows: grid axis 0 carries the rows (no 65535 limit); int64 offsets."""
     n, d, vocab = 1 << 20, 64, 1000
     h, w, t, b, gl, ge = _case(n, d, vocab, device="cuda", dtype=torch.bfloat16, zero_frac=0.5)
-    logp, ent, lse, (gh, gw, gb) = _fwd_bwd(h, w, t, b, gl, ge)
+    logp, ent, stats, (gh, gw, gb) = _fwd_bwd(h, w, t, b, gl, ge)
     rows = torch.randint(0, n, (2048,), device="cuda")
     elogp, eent, _ = _exact(h[rows], w, t[rows], b, gl[rows], ge[rows])
     torch.testing.assert_close(logp[rows].double(), elogp, atol=5e-3, rtol=5e-3)

@@ -46,7 +46,7 @@ def _specs(arch: int, full: bool):
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
             for split in (False, True):
                 add(f"fwd-{dt}-{i}-split{int(split)}", forward._linear_logprobs_fwd_kernel, mm,
-                    dict(HAS_BIAS=True, WITH_ENTROPY=True, WITH_LSE=True, SPLIT=split, DOT_PRECISION="ieee"), cfg)
+                    dict(HAS_BIAS=True, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split, DOT_PRECISION="ieee"), cfg)
         tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32)
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
             add(f"dz-{dt}-{i}", backward._linear_logprobs_bwd_dz_kernel, mm,
@@ -61,11 +61,11 @@ def _specs(arch: int, full: bool):
         lg = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32")
         for i, cfg in enumerate(configs.logits_fwd_configs()):
             add(f"logits-fwd-{dt}-{i}", logits._logprobs_from_logits_fwd_kernel, lg,
-                dict(WITH_ENTROPY=True, WITH_LSE=True), cfg)
+                dict(WITH_ENTROPY=True, WITH_STATS=True), cfg)
         bw = configs.logits_bwd_config()
         add(f"logits-bwd-{dt}", logits._logprobs_from_logits_bwd_kernel, lg, dict(HAS_GE=True),
             triton.Config({k: v for k, v in bw.items() if k.startswith("BLOCK")}, num_warps=bw["num_warps"]))
-    add("merge", forward._linear_logprobs_merge_kernel, dict(t_ptr="*i64"), dict(WITH_ENTROPY=True, WITH_LSE=True),
+    add("merge", forward._linear_logprobs_merge_kernel, dict(t_ptr="*i64"), dict(WITH_ENTROPY=True, WITH_STATS=True),
         triton.Config(dict(BLOCK=128), num_warps=4, num_stages=1))
     add("compact", backward._compact_rows_kernel, dict(keep_ptr="*i32", rank_ptr="*i32", idx_ptr="*i32"), {},
         triton.Config(dict(BLOCK=1024), num_warps=4, num_stages=1))

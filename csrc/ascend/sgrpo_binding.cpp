@@ -47,6 +47,14 @@ void CheckRowVec(const at::Tensor& t, int64_t n, const char* name, at::ScalarTyp
               " must be a contiguous (", n, ",) ", dtype, " tensor, got ", t.sizes(), " ", t.scalar_type());
 }
 
+// The [2, n] fp32 row statistics (stats[0] = row max m, stats[1] = ln s), contiguous: the kernels address the two rows
+// as stats and stats + n.
+void CheckStats(const at::Tensor& t, int64_t n) {
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == 2 && t.size(1) == n && t.is_contiguous() && t.scalar_type() == at::kFloat,
+              "sgrpo_npu: stats must be a contiguous (2, ", n, ") float32 tensor, got ", t.sizes(), " ",
+              t.scalar_type());
+}
+
 void CheckLogits(const at::Tensor& logits, const char* name) {
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "sgrpo_npu: ", name,
               " must be 2-D with unit column stride, got sizes ", logits.sizes(), " strides ", logits.strides());
@@ -55,9 +63,9 @@ void CheckLogits(const at::Tensor& logits, const char* name) {
 
 }  // namespace
 
-// Folds one [N, Vc] logits (chunk) into the per-row running state and/or finalizes logp, entropy, lse (flags).
+// Folds one [N, Vc] logits (chunk) into the per-row running state and/or finalizes logp, entropy, stats (flags).
 void logits_stats(const at::Tensor& logits, const at::Tensor& targets, at::Tensor& state, at::Tensor& logp,
-                  at::Tensor& entropy, at::Tensor& lse, int64_t v0, int64_t flags, double inv_tau,
+                  at::Tensor& entropy, at::Tensor& stats, int64_t v0, int64_t flags, double inv_tau,
                   int64_t ignore_index) {
   CheckLogits(logits, "logits");
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -69,13 +77,13 @@ void logits_stats(const at::Tensor& logits, const at::Tensor& targets, at::Tenso
   }
   if (flags & sgrpo::kFinalize) CheckRowVec(logp, n, "logp", at::kFloat);
   if (flags & sgrpo::kWriteEntropy) CheckRowVec(entropy, n, "entropy", at::kFloat);
-  if (flags & sgrpo::kWriteLse) CheckRowVec(lse, n, "lse", at::kFloat);
+  if (flags & sgrpo::kWriteStats) CheckStats(stats, n);
   if (n == 0 || v == 0) return;
   const int32_t dtype = DtypeCode(logits, "logits");
   const sgrpo::KernelTiling t = sgrpo::MakeTiling(n, static_cast<uint32_t>(v), logits.element_size(), AivCores(), false);
   TORCH_CHECK(t.tile > 0, "sgrpo_npu: no UB tiling fits vocab ", v);
   aclrtStream stream = c10_npu::getCurrentNPUStream().stream();
-  uint8_t *pl = Ptr(logits), *pt = Ptr(targets), *ps = Ptr(state), *pp = Ptr(logp), *pe = Ptr(entropy), *pz = Ptr(lse);
+  uint8_t *pl = Ptr(logits), *pt = Ptr(targets), *ps = Ptr(state), *pp = Ptr(logp), *pe = Ptr(entropy), *pz = Ptr(stats);
   const int64_t ld = logits.stride(0);
   const float itau = static_cast<float>(inv_tau);
   at_npu::native::OpCommand cmd;
@@ -87,7 +95,7 @@ void logits_stats(const at::Tensor& logits, const at::Tensor& targets, at::Tenso
   cmd.Run();
 }
 
-void logits_grad_impl(const at::Tensor& logits, at::Tensor& out, const at::Tensor& targets, const at::Tensor& lse,
+void logits_grad_impl(const at::Tensor& logits, at::Tensor& out, const at::Tensor& targets, const at::Tensor& stats,
                       const c10::optional<at::Tensor>& entropy, const at::Tensor& grad_logp,
                       const c10::optional<at::Tensor>& grad_entropy, int64_t v0, double inv_tau,
                       int64_t ignore_index) {
@@ -97,7 +105,7 @@ void logits_grad_impl(const at::Tensor& logits, at::Tensor& out, const at::Tenso
               "sgrpo_npu: out must match logits in shape and dtype");
   const int64_t n = logits.size(0), v = logits.size(1);
   CheckRowVec(targets, n, "targets", at::kLong);
-  CheckRowVec(lse, n, "lse", at::kFloat);
+  CheckStats(stats, n);
   CheckRowVec(grad_logp, n, "grad_logp", at::kFloat);
   const bool has_ge = grad_entropy.has_value() && grad_entropy->defined();
   if (has_ge) {
@@ -110,7 +118,7 @@ void logits_grad_impl(const at::Tensor& logits, at::Tensor& out, const at::Tenso
   const sgrpo::KernelTiling t = sgrpo::MakeTiling(n, static_cast<uint32_t>(v), logits.element_size(), AivCores(), true);
   TORCH_CHECK(t.tile > 0, "sgrpo_npu: no UB tiling fits vocab ", v);
   aclrtStream stream = c10_npu::getCurrentNPUStream().stream();
-  uint8_t *pl = Ptr(logits), *po = Ptr(out), *pt = Ptr(targets), *pz = Ptr(lse), *pg = Ptr(grad_logp);
+  uint8_t *pl = Ptr(logits), *po = Ptr(out), *pt = Ptr(targets), *pz = Ptr(stats), *pg = Ptr(grad_logp);
   uint8_t* pe = has_ge ? Ptr(*entropy) : nullptr;
   uint8_t* pge = has_ge ? Ptr(*grad_entropy) : nullptr;
   const int64_t ld_in = logits.stride(0), ld_out = out.stride(0);
@@ -125,16 +133,16 @@ void logits_grad_impl(const at::Tensor& logits, at::Tensor& out, const at::Tenso
   cmd.Run();
 }
 
-void logits_grad(const at::Tensor& logits, at::Tensor& out, const at::Tensor& targets, const at::Tensor& lse,
+void logits_grad(const at::Tensor& logits, at::Tensor& out, const at::Tensor& targets, const at::Tensor& stats,
                  const c10::optional<at::Tensor>& entropy, const at::Tensor& grad_logp,
                  const c10::optional<at::Tensor>& grad_entropy, int64_t v0, double inv_tau, int64_t ignore_index) {
-  logits_grad_impl(logits, out, targets, lse, entropy, grad_logp, grad_entropy, v0, inv_tau, ignore_index);
+  logits_grad_impl(logits, out, targets, stats, entropy, grad_logp, grad_entropy, v0, inv_tau, ignore_index);
 }
 
-void logits_grad_(at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+void logits_grad_(at::Tensor& logits, const at::Tensor& targets, const at::Tensor& stats,
                   const c10::optional<at::Tensor>& entropy, const at::Tensor& grad_logp,
                   const c10::optional<at::Tensor>& grad_entropy, int64_t v0, double inv_tau, int64_t ignore_index) {
-  logits_grad_impl(logits, logits, targets, lse, entropy, grad_logp, grad_entropy, v0, inv_tau, ignore_index);
+  logits_grad_impl(logits, logits, targets, stats, entropy, grad_logp, grad_entropy, v0, inv_tau, ignore_index);
 }
 
 // Meta: the ops only mutate their (already allocated) outputs, so shape propagation has nothing to do.
@@ -151,12 +159,12 @@ void logits_grad__meta(at::Tensor&, const at::Tensor&, const at::Tensor&, const 
 TORCH_LIBRARY(sgrpo_npu, m) {
   m.def(
       "logits_stats(Tensor logits, Tensor targets, Tensor(a!) state, Tensor(b!) logp, Tensor(c!) entropy, "
-      "Tensor(d!) lse, int v0, int flags, float inv_tau, int ignore_index) -> ()");
+      "Tensor(d!) stats, int v0, int flags, float inv_tau, int ignore_index) -> ()");
   m.def(
-      "logits_grad(Tensor logits, Tensor(a!) out, Tensor targets, Tensor lse, Tensor? entropy, Tensor grad_logp, "
+      "logits_grad(Tensor logits, Tensor(a!) out, Tensor targets, Tensor stats, Tensor? entropy, Tensor grad_logp, "
       "Tensor? grad_entropy, int v0, float inv_tau, int ignore_index) -> ()");
   m.def(
-      "logits_grad_(Tensor(a!) logits, Tensor targets, Tensor lse, Tensor? entropy, Tensor grad_logp, "
+      "logits_grad_(Tensor(a!) logits, Tensor targets, Tensor stats, Tensor? entropy, Tensor grad_logp, "
       "Tensor? grad_entropy, int v0, float inv_tau, int ignore_index) -> ()");
 }
 

@@ -7,10 +7,10 @@
 
 extern "C" int sgrpo_logits_stats_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits,
                                          uint8_t* targets, uint8_t* state, uint8_t* logp, uint8_t* entropy,
-                                         uint8_t* lse, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
+                                         uint8_t* stats, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
                                          int64_t tile, int64_t flags, float inv_tau, int64_t ignore_index);
 extern "C" int sgrpo_logits_grad_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits, uint8_t* out,
-                                        uint8_t* targets, uint8_t* lse, uint8_t* entropy, uint8_t* grad_logp,
+                                        uint8_t* targets, uint8_t* stats, uint8_t* entropy, uint8_t* grad_logp,
                                         uint8_t* grad_entropy, int64_t n_rows, int64_t ld_in, int64_t ld_out,
                                         int64_t vocab, int64_t v0, int64_t tile, int64_t flags, float inv_tau,
                                         int64_t ignore_index);

@@ -1,8 +1,10 @@
 // Gradient w.r.t. the logits of (logp, entropy), AIV-only AscendC kernel; in place when out == logits.
 //
-// Per row with target y, z = logits / tau, p_j = exp(z_j - lse), upstream g_logp, g_H (docs/design.md):
-//   dL/dlogit_j = ( g_logp * (1[j = y] - p_j) - g_H * p_j * (z_j - lse + H) ) / tau
-//               = ( p_j * (-g_logp - g_H * (z_j - lse + H)) + g_logp * 1[j = y] ) / tau
+// Per row with target y, z = logits / tau, the forward's row statistics m = max z and ln s (a [2, N] fp32 tensor:
+// stats[0] = m, stats[1] = ln s), upstream g_logp, g_H (docs/design.md):
+//   log p_j = (z_j - m) - ln s      (never z_j - lse: lse = m + ln s rounds ln s away at large |m|)
+//   dL/dlogit_j = ( g_logp * (1[j = y] - p_j) - g_H * p_j * (log p_j + H) ) / tau
+//               = ( p_j * (-g_logp - g_H * (log p_j + H)) + g_logp * 1[j = y] ) / tau
 // Rows whose target is ignore_index, or whose g_logp and g_H are both exactly 0, get a zero row without reading logits.
 // Used for logprobs_from_logits backward (whole rows) and, per [N, Vc] chunk with column offset v0, for the LM-head
 // backward, where the host then runs grad_hidden += dZ @ W_c and grad_W_c = dZ^T @ h on the cube unit.
@@ -18,7 +20,7 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
  public:
   __aicore__ inline LogitsGradKernel() {}
 
-  __aicore__ inline void Init(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR lse, GM_ADDR entropy,
+  __aicore__ inline void Init(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR stats, GM_ADDR entropy,
                               GM_ADDR grad_logp, GM_ADDR grad_entropy, const GradArgs& a) {
     args_ = a;
     vocab_ = static_cast<uint32_t>(a.vocab);
@@ -29,7 +31,7 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
     logitsGm_.SetGlobalBuffer((__gm__ T*)logits, n == 0 ? 0 : (n - 1) * a.ld_in + a.vocab);
     outGm_.SetGlobalBuffer((__gm__ T*)out, n == 0 ? 0 : (n - 1) * a.ld_out + a.vocab);
     targetsGm_.SetGlobalBuffer((__gm__ int32_t*)targets, 2 * n);
-    lseGm_.SetGlobalBuffer((__gm__ float*)lse, n);
+    statsGm_.SetGlobalBuffer((__gm__ float*)stats, 2 * n);  // [2, N]: m, then ln s
     gLogpGm_.SetGlobalBuffer((__gm__ float*)grad_logp, n);
     if (a.flags & kHasGradEntropy) {
       entGm_.SetGlobalBuffer((__gm__ float*)entropy, n);
@@ -41,7 +43,7 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
     pipe_.InitBuffer(dBuf_, AlignedBytes(tile_, 4));
     pipe_.InitBuffer(pBuf_, AlignedBytes(tile_, 4));
     pipe_.InitBuffer(tgtBuf_, AlignedBytes(kRowGroup, 8));
-    pipe_.InitBuffer(rowBuf_, 4 * AlignedBytes(kRowGroup, 4));
+    pipe_.InitBuffer(rowBuf_, 5 * AlignedBytes(kRowGroup, 4));
   }
 
  private:
@@ -50,10 +52,12 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
   __aicore__ inline void ProcessGroup(uint64_t row0, uint32_t gn) {
     LocalTensor<int32_t> tgt = tgtBuf_.Get<int32_t>();
     LocalTensor<float> rows = rowBuf_.Get<float>();
-    LocalTensor<float> lse = rows[0], gLogp = rows[kRowGroup], ent = rows[2 * kRowGroup], gEnt = rows[3 * kRowGroup];
+    LocalTensor<float> rowM = rows[0], lnS = rows[kRowGroup], gLogp = rows[2 * kRowGroup];
+    LocalTensor<float> ent = rows[3 * kRowGroup], gEnt = rows[4 * kRowGroup];
     PipeSync<HardEvent::S_MTE2>();  // the previous group's scalars were read
     CopyInPad(tgt, targetsGm_[2 * row0], 2 * gn);
-    CopyInPad(lse, lseGm_[row0], gn);
+    CopyInPad(rowM, statsGm_[row0], gn);
+    CopyInPad(lnS, statsGm_[static_cast<uint64_t>(args_.n_rows) + row0], gn);
     CopyInPad(gLogp, gLogpGm_[row0], gn);
     if (args_.flags & kHasGradEntropy) {
       CopyInPad(ent, entGm_[row0], gn);
@@ -70,7 +74,7 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
       if (!active) {
         ZeroRow(r);
       } else {
-        GradRow(r, y - args_.v0, lse.GetValue(i), h, gl, gh);
+        GradRow(r, y - args_.v0, rowM.GetValue(i), lnS.GetValue(i), h, gl, gh);
       }
     }
   }
@@ -85,13 +89,13 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
     }
   }
 
-  __aicore__ inline void GradRow(uint64_t row, int64_t local, float lse, float h, float gl, float gh) {
+  __aicore__ inline void GradRow(uint64_t row, int64_t local, float m, float ln_s, float h, float gl, float gh) {
     const uint64_t inOff = row * static_cast<uint64_t>(args_.ld_in);
     CopyIn(inOff, 0);
     for (uint32_t k = 0; k < nTiles_; ++k) {
       const TileRange tr = VocabTile(vocab_, tile_, k);
       if (k + 1 < nTiles_) CopyIn(inOff, k + 1);
-      ComputeTile(tr, local, lse, h, gl, gh);
+      ComputeTile(tr, local, m, ln_s, h, gl, gh);
       CopyOut(row, tr);
     }
   }
@@ -103,18 +107,20 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
     inQue_.EnQue(x);
   }
 
-  __aicore__ inline void ComputeTile(const TileRange& tr, int64_t local, float lse, float h, float gl, float gh) {
+  __aicore__ inline void ComputeTile(const TileRange& tr, int64_t local, float m, float ln_s, float h, float gl,
+                                     float gh) {
     const int32_t c = static_cast<int32_t>(tr.count);
     LocalTensor<float> d = dBuf_.Get<float>(), p = pBuf_.Get<float>();
     LocalTensor<T> x = inQue_.DeQue<T>();
     ToScaledFloat(d, x, args_.inv_tau, tr.count);
     inQue_.FreeTensor(x);
-    Adds(d, d, -lse, c);  // z - lse
-    Exp(p, d, c);         // p
-    Adds(d, d, h, c);     // z - lse + H
+    Adds(d, d, -m, c);     // z - m
+    Adds(d, d, -ln_s, c);  // log p = (z - m) - ln s
+    Exp(p, d, c);          // p
+    Adds(d, d, h, c);      // log p + H
     Muls(d, d, -gh, c);
     Adds(d, d, -gl, c);
-    Mul(d, d, p, c);  // p * (-g_logp - g_H (z - lse + H))
+    Mul(d, d, p, c);  // p * (-g_logp - g_H (log p + H))
     if (local >= static_cast<int64_t>(tr.start) && local < static_cast<int64_t>(tr.start + tr.count)) {
       const uint32_t j = static_cast<uint32_t>(local - tr.start);
       PipeSync<HardEvent::V_S>();
@@ -138,31 +144,31 @@ class LogitsGradKernel : public RowGroupKernel<LogitsGradKernel<T>> {
   TBuf<TPosition::VECCALC> dBuf_, pBuf_, tgtBuf_, rowBuf_;
   GlobalTensor<T> logitsGm_, outGm_;
   GlobalTensor<int32_t> targetsGm_;
-  GlobalTensor<float> lseGm_, gLogpGm_, entGm_, gEntGm_;
+  GlobalTensor<float> statsGm_, gLogpGm_, entGm_, gEntGm_;
   GradArgs args_;
   uint32_t vocab_ = 0, tile_ = 0, nTiles_ = 0;
 };
 
 template <typename T>
-__aicore__ inline void RunLogitsGrad(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR lse, GM_ADDR entropy,
+__aicore__ inline void RunLogitsGrad(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR stats, GM_ADDR entropy,
                                      GM_ADDR grad_logp, GM_ADDR grad_entropy, int64_t n_rows, int64_t ld_in,
                                      int64_t ld_out, int64_t vocab, int64_t v0, int64_t tile, int64_t flags,
                                      float inv_tau, int64_t ignore_index) {
   GradArgs a{n_rows, ld_in, ld_out, vocab, v0, tile, flags, inv_tau, ignore_index};
   LogitsGradKernel<T> op;
-  op.Init(logits, out, targets, lse, entropy, grad_logp, grad_entropy, a);
+  op.Init(logits, out, targets, stats, entropy, grad_logp, grad_entropy, a);
   op.Process();
 }
 
 }  // namespace sgrpo
 
 #define SGRPO_GRAD_ENTRY(NAME, T)                                                                                 \
-  extern "C" __global__ __aicore__ void NAME(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR lse,         \
+  extern "C" __global__ __aicore__ void NAME(GM_ADDR logits, GM_ADDR out, GM_ADDR targets, GM_ADDR stats,       \
                                              GM_ADDR entropy, GM_ADDR grad_logp, GM_ADDR grad_entropy,           \
                                              int64_t n_rows, int64_t ld_in, int64_t ld_out, int64_t vocab,       \
                                              int64_t v0, int64_t tile, int64_t flags, float inv_tau,             \
                                              int64_t ignore_index) {                                              \
-    sgrpo::RunLogitsGrad<T>(logits, out, targets, lse, entropy, grad_logp, grad_entropy, n_rows, ld_in, ld_out, \
+    sgrpo::RunLogitsGrad<T>(logits, out, targets, stats, entropy, grad_logp, grad_entropy, n_rows, ld_in, ld_out, \
                             vocab, v0, tile, flags, inv_tau, ignore_index);                                       \
   }
 SGRPO_GRAD_ENTRY(sgrpo_logits_grad_fp32, float)
@@ -171,22 +177,22 @@ SGRPO_GRAD_ENTRY(sgrpo_logits_grad_bf16, bfloat16_t)
 #undef SGRPO_GRAD_ENTRY
 
 extern "C" int sgrpo_logits_grad_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits, uint8_t* out,
-                                        uint8_t* targets, uint8_t* lse, uint8_t* entropy, uint8_t* grad_logp,
+                                        uint8_t* targets, uint8_t* stats, uint8_t* entropy, uint8_t* grad_logp,
                                         uint8_t* grad_entropy, int64_t n_rows, int64_t ld_in, int64_t ld_out,
                                         int64_t vocab, int64_t v0, int64_t tile, int64_t flags, float inv_tau,
                                         int64_t ignore_index) {
   (void)stream;
   switch (dtype) {
     case sgrpo::kFloat32:
-      SGRPO_LAUNCH(sgrpo_logits_grad_fp32, block_dim, stream, logits, out, targets, lse, entropy, grad_logp,
+      SGRPO_LAUNCH(sgrpo_logits_grad_fp32, block_dim, stream, logits, out, targets, stats, entropy, grad_logp,
                    grad_entropy, n_rows, ld_in, ld_out, vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     case sgrpo::kFloat16:
-      SGRPO_LAUNCH(sgrpo_logits_grad_fp16, block_dim, stream, logits, out, targets, lse, entropy, grad_logp,
+      SGRPO_LAUNCH(sgrpo_logits_grad_fp16, block_dim, stream, logits, out, targets, stats, entropy, grad_logp,
                    grad_entropy, n_rows, ld_in, ld_out, vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     case sgrpo::kBFloat16:
-      SGRPO_LAUNCH(sgrpo_logits_grad_bf16, block_dim, stream, logits, out, targets, lse, entropy, grad_logp,
+      SGRPO_LAUNCH(sgrpo_logits_grad_bf16, block_dim, stream, logits, out, targets, stats, entropy, grad_logp,
                    grad_entropy, n_rows, ld_in, ld_out, vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     default:

@@ -5,7 +5,9 @@
 // Each UB tile k of the row gives (m_k, s_k, t_k) relative to its own max; the row's entries (and the state carried in
 // from previous vocab chunks) are merged with vector ops, no scalar exp:
 //   M = max_k m_k,  d_k = m_k - M,  s = sum_k e^{d_k} s_k,  t = sum_k e^{d_k} (t_k + d_k s_k)
-// Finalize (last chunk): lse = M + ln s,  entropy = ln s - t / s,  logp = z_y - lse; ignore_index rows give 0.
+// Finalize (last chunk): entropy = ln s - t / s,  logp = (z_y - M) - ln s (the shifted form: M + ln s would round ln s
+// away at large |M|), and the row statistics for the backward, stats[0] = M and stats[1] = ln s (a [2, N] fp32 tensor);
+// ignore_index rows give 0 everywhere.
 // Rows are split over the AIV cores (CoreRows), a row streams through UB in `tile` elements, double buffered.
 #include "sgrpo_kernel_common.h"
 #include "sgrpo_launch.h"
@@ -20,7 +22,7 @@ class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
   __aicore__ inline LogitsStatsKernel() {}
 
   __aicore__ inline void Init(GM_ADDR logits, GM_ADDR targets, GM_ADDR state, GM_ADDR logp, GM_ADDR entropy,
-                              GM_ADDR lse, const StatsArgs& a) {
+                              GM_ADDR stats, const StatsArgs& a) {
     args_ = a;
     vocab_ = static_cast<uint32_t>(a.vocab);
     tile_ = static_cast<uint32_t>(a.tile);
@@ -33,7 +35,7 @@ class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
     if (a.flags & (kHasPrev | kWriteState)) stateGm_.SetGlobalBuffer((__gm__ float*)state, n * kStateFloats);
     if (a.flags & kFinalize) logpGm_.SetGlobalBuffer((__gm__ float*)logp, n);
     if (a.flags & kWriteEntropy) entropyGm_.SetGlobalBuffer((__gm__ float*)entropy, n);
-    if (a.flags & kWriteLse) lseGm_.SetGlobalBuffer((__gm__ float*)lse, n);
+    if (a.flags & kWriteStats) statsGm_.SetGlobalBuffer((__gm__ float*)stats, 2 * n);  // [2, N]: M, then ln s
 
     // Exactly the buffers counted by StatsUbBytes() in sgrpo_tiling.h.
     pipe_.InitBuffer(inQue_, kBufferNum, AlignedBytes(tile_, sizeof(T)));
@@ -174,20 +176,21 @@ class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
 
   __aicore__ inline void Finalize(uint64_t row0, uint32_t gn, const LocalTensor<int32_t>& tgt) {
     LocalTensor<float> rowM = RowVec(0), rowS = RowVec(1), rowT = RowVec(2), rowZy = RowVec(3);
-    LocalTensor<float> lnS = RowVec(4), lse = RowVec(5), ent = RowVec(6), logp = RowVec(7);
+    LocalTensor<float> lnS = RowVec(4), zyM = RowVec(5), ent = RowVec(6), logp = RowVec(7);
     const int32_t c = static_cast<int32_t>(gn);
     PipeSync<HardEvent::S_V>();
     Ln(lnS, rowS, c);
-    Add(lse, rowM, lnS, c);   // lse = M + ln s
     Div(ent, rowT, rowS, c);  // t / s
     Sub(ent, lnS, ent, c);    // H = ln s - t / s
-    Sub(logp, rowZy, lse, c);
+    Sub(zyM, rowZy, rowM, c);
+    Sub(logp, zyM, lnS, c);   // logp = (z_y - M) - ln s
     PipeSync<HardEvent::V_S>();
     for (uint32_t i = 0; i < gn; ++i) {
       if (TargetAt(tgt, i) == args_.ignore_index) {
         logp.SetValue(i, 0.0f);
         ent.SetValue(i, 0.0f);
-        lse.SetValue(i, 0.0f);
+        rowM.SetValue(i, 0.0f);
+        lnS.SetValue(i, 0.0f);
       } else {
         // log p <= 0 and H >= 0 exactly, whatever the rounding of the hardware Ln on a confident row (s ~ 1)
         if (logp.GetValue(i) > 0.0f) logp.SetValue(i, 0.0f);
@@ -197,7 +200,10 @@ class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
     PipeSync<HardEvent::S_MTE3>();
     CopyOutPad(logpGm_[row0], logp, gn);
     if (args_.flags & kWriteEntropy) CopyOutPad(entropyGm_[row0], ent, gn);
-    if (args_.flags & kWriteLse) CopyOutPad(lseGm_[row0], lse, gn);
+    if (args_.flags & kWriteStats) {
+      CopyOutPad(statsGm_[row0], rowM, gn);
+      CopyOutPad(statsGm_[static_cast<uint64_t>(args_.n_rows) + row0], lnS, gn);
+    }
     PipeSync<HardEvent::MTE3_V>();  // the next group rewrites the row vectors
   }
 
@@ -207,18 +213,18 @@ class LogitsStatsKernel : public RowGroupKernel<LogitsStatsKernel<T>> {
   TBuf<TPosition::VECCALC> tgtBuf_, stateBuf_, rowBuf_;
   GlobalTensor<T> logitsGm_;
   GlobalTensor<int32_t> targetsGm_;
-  GlobalTensor<float> stateGm_, logpGm_, entropyGm_, lseGm_;
+  GlobalTensor<float> stateGm_, logpGm_, entropyGm_, statsGm_;
   StatsArgs args_;
   uint32_t vocab_ = 0, tile_ = 0, nTiles_ = 0, entries_ = 0;
 };
 
 template <typename T>
 __aicore__ inline void RunLogitsStats(GM_ADDR logits, GM_ADDR targets, GM_ADDR state, GM_ADDR logp, GM_ADDR entropy,
-                                      GM_ADDR lse, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0, int64_t tile,
+                                      GM_ADDR stats, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0, int64_t tile,
                                       int64_t flags, float inv_tau, int64_t ignore_index) {
   StatsArgs a{n_rows, ld, vocab, v0, tile, flags, inv_tau, ignore_index};
   LogitsStatsKernel<T> op;
-  op.Init(logits, targets, state, logp, entropy, lse, a);
+  op.Init(logits, targets, state, logp, entropy, stats, a);
   op.Process();
 }
 
@@ -226,10 +232,10 @@ __aicore__ inline void RunLogitsStats(GM_ADDR logits, GM_ADDR targets, GM_ADDR s
 
 #define SGRPO_STATS_ENTRY(NAME, T)                                                                                  \
   extern "C" __global__ __aicore__ void NAME(GM_ADDR logits, GM_ADDR targets, GM_ADDR state, GM_ADDR logp,        \
-                                             GM_ADDR entropy, GM_ADDR lse, int64_t n_rows, int64_t ld,             \
+                                             GM_ADDR entropy, GM_ADDR stats, int64_t n_rows, int64_t ld,           \
                                              int64_t vocab, int64_t v0, int64_t tile, int64_t flags, float inv_tau, \
                                              int64_t ignore_index) {                                                \
-    sgrpo::RunLogitsStats<T>(logits, targets, state, logp, entropy, lse, n_rows, ld, vocab, v0, tile, flags,       \
+    sgrpo::RunLogitsStats<T>(logits, targets, state, logp, entropy, stats, n_rows, ld, vocab, v0, tile, flags,     \
                              inv_tau, ignore_index);                                                                \
   }
 SGRPO_STATS_ENTRY(sgrpo_logits_stats_fp32, float)
@@ -241,20 +247,20 @@ SGRPO_STATS_ENTRY(sgrpo_logits_stats_bf16, bfloat16_t)
 // Returns 0, or -1 for an unknown dtype.
 extern "C" int sgrpo_logits_stats_launch(void* stream, uint32_t block_dim, int32_t dtype, uint8_t* logits,
                                          uint8_t* targets, uint8_t* state, uint8_t* logp, uint8_t* entropy,
-                                         uint8_t* lse, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
+                                         uint8_t* stats, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
                                          int64_t tile, int64_t flags, float inv_tau, int64_t ignore_index) {
   (void)stream;
   switch (dtype) {
     case sgrpo::kFloat32:
-      SGRPO_LAUNCH(sgrpo_logits_stats_fp32, block_dim, stream, logits, targets, state, logp, entropy, lse, n_rows, ld,
+      SGRPO_LAUNCH(sgrpo_logits_stats_fp32, block_dim, stream, logits, targets, state, logp, entropy, stats, n_rows, ld,
                    vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     case sgrpo::kFloat16:
-      SGRPO_LAUNCH(sgrpo_logits_stats_fp16, block_dim, stream, logits, targets, state, logp, entropy, lse, n_rows, ld,
+      SGRPO_LAUNCH(sgrpo_logits_stats_fp16, block_dim, stream, logits, targets, state, logp, entropy, stats, n_rows, ld,
                    vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     case sgrpo::kBFloat16:
-      SGRPO_LAUNCH(sgrpo_logits_stats_bf16, block_dim, stream, logits, targets, state, logp, entropy, lse, n_rows, ld,
+      SGRPO_LAUNCH(sgrpo_logits_stats_bf16, block_dim, stream, logits, targets, state, logp, entropy, stats, n_rows, ld,
                    vocab, v0, tile, flags, inv_tau, ignore_index);
       return 0;
     default:

@@ -32,9 +32,9 @@ constexpr uint32_t kScratchFloats = 32u;     // reduce results: 4 slots of 8 flo
 // Flags of the statistics kernel.
 constexpr uint32_t kHasPrev = 1u;       // read the running state of the rows from GM (not the first vocab chunk)
 constexpr uint32_t kWriteState = 2u;    // write the running state back (not the last vocab chunk)
-constexpr uint32_t kFinalize = 4u;      // write logp (and entropy / lse) from the final state (last vocab chunk)
+constexpr uint32_t kFinalize = 4u;      // write logp (and entropy / stats) from the final state (last vocab chunk)
 constexpr uint32_t kWriteEntropy = 8u;  // with kFinalize: write entropy
-constexpr uint32_t kWriteLse = 16u;     // with kFinalize: write lse
+constexpr uint32_t kWriteStats = 16u;   // with kFinalize: write the [2, N] row statistics (max m, then ln s)
 // Flags of the gradient kernel.
 constexpr uint32_t kHasGradEntropy = 1u;  // grad_entropy and entropy are valid (else g_H = 0)
 
@@ -108,7 +108,7 @@ SGRPO_AICORE inline uint32_t StatsUbBytes(uint32_t tile, uint32_t in_bytes, uint
   b += AlignedBytes(kScratchFloats, 4);                   // reduce results
   b += AlignedBytes(kRowGroup, 8);                        // targets of a row group (int64)
   b += AlignedBytes(kRowGroup * kStateFloats, 4);         // packed state in / out
-  b += 8 * AlignedBytes(kRowGroup, 4);                    // per-row m, s, t, zy, ln s, lse, H, logp
+  b += 8 * AlignedBytes(kRowGroup, 4);                    // per-row m, s, t, zy, ln s, zy - m, H, logp
   return b;
 }
 
@@ -119,7 +119,7 @@ SGRPO_AICORE inline uint32_t GradUbBytes(uint32_t tile, uint32_t in_bytes) {
   b += kBufferNum * AlignedBytes(tile, in_bytes);  // output tiles
   b += 2 * AlignedBytes(tile, 4);                  // fp32 d and p tiles
   b += AlignedBytes(kRowGroup, 8);                 // targets
-  b += 4 * AlignedBytes(kRowGroup, 4);             // lse, entropy, grad_logp, grad_entropy
+  b += 5 * AlignedBytes(kRowGroup, 4);             // m, ln s, grad_logp, entropy, grad_entropy
   return b;
 }
 
@@ -130,9 +130,9 @@ struct StatsArgs {
   int64_t vocab;         // columns of the logits (chunk)
   int64_t v0;            // vocab id of column 0 (chunk offset); targets are global vocab ids
   int64_t tile;          // KernelTiling::tile
-  int64_t flags;         // kHasPrev | kWriteState | kFinalize | kWriteEntropy | kWriteLse
+  int64_t flags;         // kHasPrev | kWriteState | kFinalize | kWriteEntropy | kWriteStats
   float inv_tau;         // 1 / temperature
-  int64_t ignore_index;  // rows with this target: logp = entropy = lse = 0
+  int64_t ignore_index;  // rows with this target: logp = entropy = stats = 0
 };
 
 // Scalar arguments of the gradient kernel.

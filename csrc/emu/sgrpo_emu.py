@@ -121,25 +121,27 @@ class EmuKernels:
             raise EmuError(self.lib.sgrpo_emu_last_error().decode() or f"launcher returned {rc}")
 
     def logits_stats(self, logits: torch.Tensor, targets: torch.Tensor, state: torch.Tensor, logp: torch.Tensor,
-                     entropy: torch.Tensor, lse: torch.Tensor, v0: int, flags: int, inv_tau: float,
+                     entropy: torch.Tensor, stats: torch.Tensor, v0: int, flags: int, inv_tau: float,
                      ignore_index: int) -> None:
         n, v = logits.shape
         assert logits.stride(1) == 1 and targets.dtype == torch.int64 and targets.is_contiguous()
+        assert stats.numel() == 0 or (stats.shape == (2, n) and stats.is_contiguous()), "stats: contiguous (2, N)"
         t = self.tiling(n, v, logits.element_size(), grad=False)
         self.launches.append({"kernel": "logits_stats", **t})
         self._check(self.lib.sgrpo_emu_logits_stats(
             t["block_dim"], DTYPE_CODE[logits.dtype], _ptr(logits), _ptr(targets), _ptr(state), _ptr(logp),
-            _ptr(entropy), _ptr(lse), n, logits.stride(0), v, v0, t["tile"], flags, inv_tau, ignore_index))
+            _ptr(entropy), _ptr(stats), n, logits.stride(0), v, v0, t["tile"], flags, inv_tau, ignore_index))
 
-    def logits_grad(self, logits: torch.Tensor, out: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
+    def logits_grad(self, logits: torch.Tensor, out: torch.Tensor, targets: torch.Tensor, stats: torch.Tensor,
                     entropy: torch.Tensor | None, grad_logp: torch.Tensor, grad_entropy: torch.Tensor | None,
                     v0: int, inv_tau: float, ignore_index: int) -> None:
         n, v = logits.shape
         assert logits.stride(1) == 1 and out.stride(1) == 1 and out.dtype == logits.dtype
+        assert stats.shape == (2, n) and stats.is_contiguous(), "stats: contiguous (2, N)"
         flags = HAS_GRAD_ENTROPY if grad_entropy is not None else 0
         t = self.tiling(n, v, logits.element_size(), grad=True)
         self.launches.append({"kernel": "logits_grad", **t})
         self._check(self.lib.sgrpo_emu_logits_grad(
-            t["block_dim"], DTYPE_CODE[logits.dtype], _ptr(logits), _ptr(out), _ptr(targets), _ptr(lse),
+            t["block_dim"], DTYPE_CODE[logits.dtype], _ptr(logits), _ptr(out), _ptr(targets), _ptr(stats),
             _ptr(entropy), _ptr(grad_logp), _ptr(grad_entropy), n, logits.stride(0), out.stride(0), v, v0, t["tile"],
             flags, inv_tau, ignore_index))

@@ -47,27 +47,27 @@ void sgrpo_emu_tiling(int64_t n_rows, int64_t vocab, uint32_t in_bytes, uint32_t
 }
 
 int sgrpo_emu_logits_stats(uint32_t block_dim, int32_t dtype, void* logits, void* targets, void* state, void* logp,
-                           void* entropy, void* lse, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
+                           void* entropy, void* stats, int64_t n_rows, int64_t ld, int64_t vocab, int64_t v0,
                            int64_t tile, int64_t flags, float inv_tau, int64_t ignore_index) {
   return guarded([&]() {
     return sgrpo_logits_stats_launch(nullptr, block_dim, dtype, static_cast<uint8_t*>(logits),
                                      static_cast<uint8_t*>(targets), static_cast<uint8_t*>(state),
                                      static_cast<uint8_t*>(logp), static_cast<uint8_t*>(entropy),
-                                     static_cast<uint8_t*>(lse), n_rows, ld, vocab, v0, tile, flags, inv_tau,
+                                     static_cast<uint8_t*>(stats), n_rows, ld, vocab, v0, tile, flags, inv_tau,
                                      ignore_index) == 0
                ? 0
                : 2;
   });
 }
 
-int sgrpo_emu_logits_grad(uint32_t block_dim, int32_t dtype, void* logits, void* out, void* targets, void* lse,
+int sgrpo_emu_logits_grad(uint32_t block_dim, int32_t dtype, void* logits, void* out, void* targets, void* stats,
                           void* entropy, void* grad_logp, void* grad_entropy, int64_t n_rows, int64_t ld_in,
                           int64_t ld_out, int64_t vocab, int64_t v0, int64_t tile, int64_t flags, float inv_tau,
                           int64_t ignore_index) {
   return guarded([&]() {
     return sgrpo_logits_grad_launch(nullptr, block_dim, dtype, static_cast<uint8_t*>(logits),
                                     static_cast<uint8_t*>(out), static_cast<uint8_t*>(targets),
-                                    static_cast<uint8_t*>(lse), static_cast<uint8_t*>(entropy),
+                                    static_cast<uint8_t*>(stats), static_cast<uint8_t*>(entropy),
                                     static_cast<uint8_t*>(grad_logp), static_cast<uint8_t*>(grad_entropy), n_rows,
                                     ld_in, ld_out, vocab, v0, tile, flags, inv_tau, ignore_index) == 0
                ? 0

@@ -5,18 +5,25 @@ flatten leading dims and pick the backend before calling it, so a backend may as
 
 ```
 linear_logprobs_fwd(hidden (N, D), weight (V, D), targets (N,) int64, bias (V,) | None, opts: Options)
-    -> (logp (N,), entropy (N,) or empty (0,) when not opts.return_entropy, lse (N,) or empty (0,) when not
-        opts.need_lse), all in stats_dtype(hidden.dtype)
-linear_logprobs_bwd(grad_logp (N,), grad_entropy (N,) | None, hidden, weight, targets, bias, lse (N,),
+    -> (logp (N,), entropy (N,) or empty (0,) when not opts.return_entropy, stats (2, N) or empty (2, 0) when not
+        opts.need_stats), all in stats_dtype(hidden.dtype)
+linear_logprobs_bwd(grad_logp (N,), grad_entropy (N,) | None, hidden, weight, targets, bias, stats (2, N),
                     entropy (N,) | None, opts: Options)
     -> (grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) bias.dtype | None)
        (grad_hidden may be None when not opts.need_grad_hidden; grad_weight and grad_bias when not
        opts.need_grad_weight)
-logprobs_from_logits_fwd(logits (N, V), targets (N,), opts) -> (logp, entropy | empty, lse | empty)
-logprobs_from_logits_bwd(grad_logp, grad_entropy | None, logits, targets, lse, entropy | None, opts)
+logprobs_from_logits_fwd(logits (N, V), targets (N,), opts) -> (logp, entropy | empty, stats | empty)
+logprobs_from_logits_bwd(grad_logp, grad_entropy | None, logits, targets, stats, entropy | None, opts)
     -> grad_logits (N, V) logits.dtype; when opts.inplace_backward, the gradient is written into `logits` itself and
        `logits` is returned.
 ```
+
+``stats`` is what the forward keeps for the backward, the row statistics of z = logits / temperature:
+``stats[0] = m = max_j z_j`` and ``stats[1] = log s = log sum_j exp(z_j - m)`` (0 and 0 on ignored rows). They stay
+apart, never summed into lse = m + log s: at large |z| that sum rounds log s away (ulp(1e8) = 8 in fp32), so every
+log-probability is formed in the shifted form, ``logp = (z_y - m) - log s`` in the forward and
+``log p_j = (z_j - m) - log s`` in the backward (docs/design.md, "The math"). The forward returns stats contiguous,
+so stats[0] and stats[1] are contiguous (N,) vectors; a backward given any other layout makes it contiguous first.
 
 Rows whose target equals ``opts.ignore_index`` produce logp = 0, entropy = 0 and no gradient. ``grad_entropy is None``
 means the entropy output received no gradient (or was not requested). Rows whose two upstream gradients are exactly
@@ -40,7 +47,7 @@ __all__ = ["Backend", "BackendUnavailableError", "Options", "env_flag", "stats_d
 
 
 def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
-    """The one dtype rule of the package: logp / entropy / lse, the torch backend's accumulation and the RL layer's
+    """The one dtype rule of the package: logp / entropy / stats, the torch backend's accumulation and the RL layer's
     loss arithmetic are float32, or float64 for float64 inputs (bf16, fp16, fp32 and integer inputs give float32)."""
     return torch.float64 if input_dtype == torch.float64 else torch.float32
 
@@ -57,7 +64,7 @@ class Options:
     temperature: float = 1.0
     ignore_index: int = -100
     return_entropy: bool = True
-    need_lse: bool = True  # False for no-grad calls: nothing is kept for backward
+    need_stats: bool = True  # False for no-grad calls: no row statistics (stats), nothing kept for backward
     memory_budget: int = 0  # bytes for temporaries; 0 = the backend's default
     inplace_backward: bool = False  # logprobs_from_logits: write grad_logits into the logits buffer
     need_grad_hidden: bool = True  # linear_logprobs_bwd may return None for a gradient that is not needed
@@ -80,13 +87,13 @@ class Backend(Protocol):
 
     def linear_logprobs_bwd(
         self, grad_logp: Tensor, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor, targets: Tensor,
-        bias: Tensor | None, lse: Tensor, entropy: Tensor | None, opts: Options,
+        bias: Tensor | None, stats: Tensor, entropy: Tensor | None, opts: Options,
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]: ...
 
     def logprobs_from_logits_fwd(self, logits: Tensor, targets: Tensor, opts: Options) -> tuple[Tensor, Tensor, Tensor]:
         ...
 
     def logprobs_from_logits_bwd(
-        self, grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, lse: Tensor,
+        self, grad_logp: Tensor, grad_entropy: Tensor | None, logits: Tensor, targets: Tensor, stats: Tensor,
         entropy: Tensor | None, opts: Options,
     ) -> Tensor: ...

@@ -4,9 +4,10 @@ Never allocates an (N, V) tensor for `linear_logprobs`: logits exist one (token 
 sized from a memory budget. Forward keeps per-row online statistics in fp32 (fp64 for fp64 inputs, which also get
 fp64 outputs and so fp64-accurate gradients):
   m = running max,  s = sum exp(z - m),  u = sum exp(z - m) * (z - m),  z_y = target logit
-so that lse = m + log s and H = log s - u / s (tracking u relative to m avoids cancelling two large numbers when
-|z| is large). Backward recomputes each tile and applies (docs/design.md)
-  dL/dz = g_logp * (1[j = y] - p) - g_H * p * (z - lse + H)
+so that logp = (z_y - m) - log s and H = log s - u / s (tracking u relative to m avoids cancelling two large numbers
+when |z| is large; so does forming logp from z_y - m: m + log s would round log s away). The forward keeps
+stats = [m; log s] for the backward, which recomputes each tile and applies (docs/design.md)
+  dL/dz = g_logp * (1[j = y] - p) - g_H * p * (log p + H),   log p = (z - m) - log s
 after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
 -inf logits (masked vocabulary, -inf bias) are allowed: they get p = 0 and contribute 0, never NaN.
 Tile buffers are allocated once per call and reused, so large tiles do not pay fresh page faults every step.
@@ -110,11 +111,11 @@ class _OnlineStats:
         self.m[rows] = m_new
 
     def finalize(self, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logp, stats (2, n) = [m; log s], entropy or None); logp in the shifted form (z_y - m) - log s."""
         log_s = torch.log(self.s)
-        lse = self.m + log_s
-        logp = self.zy - lse
+        logp = (self.zy - self.m) - log_s
         entropy = log_s - self.u / self.s if with_entropy else None
-        return logp, lse, entropy
+        return logp, torch.stack((self.m, log_s)), entropy
 
 
 def _grad_tile_(
@@ -122,7 +123,7 @@ def _grad_tile_(
     p: torch.Tensor,  # (rows, vc) scratch buffer; holds the result
     targets: torch.Tensor,  # (rows,)
     v0: int,
-    lse: torch.Tensor,  # (rows,)
+    stats: torch.Tensor,  # (2, rows): row max m, log s
     entropy: torch.Tensor | None,
     g_logp: torch.Tensor,  # (rows,)
     g_ent: torch.Tensor | None,
@@ -130,20 +131,24 @@ def _grad_tile_(
 ) -> torch.Tensor:
     """dL/dlogits for one tile (including the 1/temperature of z = logits / temperature), written into `p`.
 
-    dz = g_logp * 1[j = y] - p * (g_logp + g_H * (log p + H)), divided by the temperature; the per-row factors carry
-    the signs and 1/temperature so the tile is touched few times.
+    dz = g_logp * 1[j = y] - p * (g_logp + g_H * (log p + H)), divided by the temperature, with
+    log p = (z - m) - log s and p = exp(z - m) / s: the row constants (H - log s, 1/s, the signs and 1/temperature)
+    ride on per-row factors, so the tile is touched few times and z - m is never added to a large number.
     """
     vc = z.shape[1]
     inv_t = 1.0 / temperature
-    z.sub_(lse.unsqueeze(1))  # log p
+    m, log_s = stats[0], stats[1]
+    inv_s = torch.exp(-log_s)
+    z.sub_(m.unsqueeze(1))  # z - m <= 0
     if g_ent is not None:
         z.clamp_(min=_LOGP_FLOOR)  # -inf logits: p = 0 either way, and (log p + H) stays finite
         torch.exp(z, out=p)
-        # -(g_H (log p + H) + g_logp) / T
-        coef = z.add_(entropy.unsqueeze(1)).mul_((g_ent * -inv_t).unsqueeze(1)).sub_((g_logp * inv_t).unsqueeze(1))
+        # p (-(g_H (log p + H) + g_logp) / T) = exp(z - m) (-(g_H ((z - m) + (H - log s)) + g_logp) / (s T))
+        coef = z.add_((entropy - log_s).unsqueeze(1)).mul_((g_ent * inv_s * -inv_t).unsqueeze(1))
+        coef.sub_((g_logp * inv_s * inv_t).unsqueeze(1))
     else:
         torch.exp(z, out=p)
-        coef = (g_logp * -inv_t).unsqueeze(1)
+        coef = (g_logp * inv_s * -inv_t).unsqueeze(1)
     dz = p.mul_(coef)
     local = targets - v0
     hit = (local >= 0) & (local < vc)
@@ -182,12 +187,13 @@ def _entropy_grad(g_ent: torch.Tensor | None, entropy: torch.Tensor | None, opts
     return g_ent if bool((g_ent != 0).any()) else None
 
 
-def _outputs(logp, lse, entropy, idx, n, opts: Options):
-    """Scatter the active rows back; the statistics are already in the output dtype (fp32, fp64 for fp64 inputs)."""
+def _outputs(logp, stats, entropy, idx, n, opts: Options):
+    """Scatter the active rows back (stats (2, rows) by columns); the statistics are already in the output dtype (fp32,
+    fp64 for fp64 inputs)."""
     logp = _scatter_rows(logp, idx, n)
     ent = _scatter_rows(entropy, idx, n) if opts.return_entropy else logp.new_empty((0,))
-    lse = _scatter_rows(lse, idx, n) if opts.need_lse else logp.new_empty((0,))
-    return logp, ent, lse
+    stats = _scatter_rows(stats.T, idx, n).T.contiguous() if opts.need_stats else logp.new_empty((2, 0))
+    return logp, ent, stats
 
 
 def _elem_bytes(dtype: torch.dtype) -> int:
@@ -215,11 +221,11 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
         for r0, r1 in _spans(na, rows_per_tile):
             z = _logits_tile(h[r0:r1], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
             stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
-    logp, lse, entropy = stats.finalize(opts.return_entropy)
-    return _outputs(logp, lse, entropy, idx, n, opts)
+    logp, row_stats, entropy = stats.finalize(opts.return_entropy)
+    return _outputs(logp, row_stats, entropy, idx, n, opts)
 
 
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts: Options):
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options):
     n, d = hidden.shape
     vocab = weight.shape[0]
     cdt = stats_dtype(hidden.dtype)
@@ -231,7 +237,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 
     h = rows(hidden).to(cdt)
     t, gl, ge = rows(targets), rows(grad_logp).to(cdt), rows(g_ent)
-    ls = rows(lse).to(cdt)
+    st = (stats if idx is None else stats.index_select(1, idx)).to(cdt)
     ent = rows(entropy).to(cdt) if ge is not None else None
     ge = ge.to(cdt) if ge is not None else None
     na = h.shape[0]
@@ -256,7 +262,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
             sl = slice(r0, r1)
             z = _logits_tile(h[sl], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
             dz = _grad_tile_(
-                z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, ls[sl], ent[sl] if ent is not None else None, gl[sl],
+                z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, st[:, sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
             )
             if need_h:
@@ -290,11 +296,11 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options):
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
             stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
-    logp, lse, entropy = stats.finalize(opts.return_entropy)
-    return _outputs(logp, lse, entropy, idx, n, opts)
+    logp, row_stats, entropy = stats.finalize(opts.return_entropy)
+    return _outputs(logp, row_stats, entropy, idx, n, opts)
 
 
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts: Options):
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options):
     n, vocab = logits.shape
     cdt = stats_dtype(logits.dtype)
     g_ent = _entropy_grad(grad_entropy, entropy, opts)
@@ -311,13 +317,13 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entr
         # contiguous row ranges are sliced (no copy); compacted rows are gathered
         ri = slice(r0, r1) if idx is None else idx[r0:r1]
         t = targets[ri]
-        ls, gl = lse[ri].to(cdt), grad_logp[ri].to(cdt)
+        st, gl = stats[:, ri].to(cdt), grad_logp[ri].to(cdt)
         ge = g_ent[ri].to(cdt) if g_ent is not None else None
         ent = entropy[ri].to(cdt) if g_ent is not None else None
         for v0, v1 in _spans(vocab, v_chunk):
             z = tiles.view(0, r1 - r0, v1 - v0).copy_(logits[ri, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
-            dz = _grad_tile_(z, tiles.view(1, r1 - r0, v1 - v0), t, v0, ls, ent, gl, ge, opts.temperature)
+            dz = _grad_tile_(z, tiles.view(1, r1 - r0, v1 - v0), t, v0, st, ent, gl, ge, opts.temperature)
             out[ri, v0:v1] = dz.to(out.dtype)
     return out

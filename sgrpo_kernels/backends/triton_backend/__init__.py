@@ -18,9 +18,11 @@ linear_logprobs forward
     column block it computes the logits tile z = (h @ W^T + b) / tau with `tl.dot` over D (fp32 accumulator; the
     tile lives only in registers) and folds it into per-row online statistics in fp32:
         m = running max,  s = sum exp(z - m),  u = sum exp(z - m) * (z - m),  z_y = target logit
-    (u is kept relative to m, as in the torch backend, so H = log s - u / s never cancels two large numbers).
-    When the row blocks alone cannot fill the GPU the vocabulary is split across programs; each writes its partial
-    (m, s, u, z_y) and `_linear_logprobs_merge_kernel` combines them (a log-sum-exp merge) into logp, entropy, lse.
+    (u is kept relative to m, as in the torch backend, so H = log s - u / s never cancels two large numbers), then
+    logp = (z_y - m) - log s, and stats = [m; log s] for the backward (never lse = m + log s, which rounds log s
+    away at large |m|). When the row blocks alone cannot fill the GPU the vocabulary is split across programs; each
+    writes its partial (m, s, u, z_y) and `_linear_logprobs_merge_kernel` combines them (a log-sum-exp merge) into
+    logp, entropy, stats.
 
 linear_logprobs backward (no atomics: every output element is owned by one program; deterministic by construction)
     1. Device-side compaction of the active rows (target != ignore_index and a non-zero upstream gradient): an
@@ -29,7 +31,8 @@ linear_logprobs backward (no atomics: every output element is owned by one progr
        for the worst case (all N rows) and programs past `count` exit at once, or loop only up to `count`.
     2. For each vocab chunk [v0, v0 + vc) (vc from the memory budget):
        `_linear_logprobs_bwd_dz_kernel` recomputes the logits tile of the active rows (tl.dot over D) and writes
-           dZ = [g_logp (1[j = y] - p) - g_H p (z - lse + H)] / tau      into a (N, vc) buffer, compacted row order;
+           dZ = [g_logp (1[j = y] - p) - g_H p (log p + H)] / tau,  log p = (z - m) - log s,
+           into a (N, vc) buffer, compacted row order;
        `_linear_logprobs_bwd_dh_kernel`  grad_h[idx] += dZ @ W[v0:v0+vc]   (fp32 accumulator buffer, K = vc);
        `_linear_logprobs_bwd_dw_kernel`  grad_W[v0:v0+vc] = dZ^T @ h[idx], grad_b = column sums of dZ, K = count:
            the loop over active rows stops at the device-side count, so the cost is proportional to active rows.

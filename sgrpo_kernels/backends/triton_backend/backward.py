@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LOGP_FLOOR, logits_tile, mma
+from .tiles import log_prob, logits_tile, mma
 
 __all__ = ["_compact_rows_kernel", "_linear_logprobs_bwd_dh_kernel", "_linear_logprobs_bwd_dw_kernel",
            "_linear_logprobs_bwd_dz_kernel"]
@@ -25,14 +25,15 @@ def _compact_rows_kernel(keep_ptr, rank_ptr, idx_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _linear_logprobs_bwd_dz_kernel(
-    h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, gl_ptr, ge_ptr, idx_ptr, count_ptr, dz_ptr,
+    h_ptr, w_ptr, b_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, idx_ptr, count_ptr, dz_ptr,
     D, v0, vc,
-    stride_hn, stride_hd, stride_wv, stride_wd, stride_b, stride_dz,
+    stride_hn, stride_hd, stride_wv, stride_wd, stride_b, stride_dz, stride_stats,
     inv_temp,
     HAS_BIAS: tl.constexpr, HAS_GE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """dZ[i, c] for compacted active row i and chunk column c (vocab v0 + c), dtype of dz_ptr."""
+    """dZ[i, c] for compacted active row i and chunk column c (vocab v0 + c), dtype of dz_ptr; stats_ptr: the (2, N)
+    row statistics [m; log s] of the forward, row stride stride_stats."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     n_active = tl.load(count_ptr)
@@ -42,14 +43,15 @@ def _linear_logprobs_bwd_dz_kernel(
         i_ok = i < n_active
         rows = tl.load(idx_ptr + i, mask=i_ok, other=0).to(tl.int64)
         tgt = tl.load(t_ptr + rows, mask=i_ok, other=-1)
-        lse = tl.load(lse_ptr + rows, mask=i_ok, other=0.0)
+        m = tl.load(stats_ptr + rows, mask=i_ok, other=0.0)
+        log_s = tl.load(stats_ptr + stride_stats + rows, mask=i_ok, other=0.0)
         gl = tl.load(gl_ptr + rows, mask=i_ok, other=0.0)
         cl = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         c_ok = cl < vc
         cols = v0 + cl.to(tl.int64)
         z = logits_tile(h_ptr, w_ptr, b_ptr, rows, i_ok, cols, c_ok, D, stride_hn, stride_hd, stride_wv,
                         stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
-        logp_j = tl.maximum(z - lse[:, None], LOGP_FLOOR)
+        logp_j = log_prob(z, m, log_s)
         p = tl.exp(logp_j)
         dz = -gl[:, None] * p
         if HAS_GE:

@@ -1,5 +1,5 @@
 """The linear_logprobs forward kernels: `_linear_logprobs_fwd_kernel` (one program per row block and vocab split:
-logits tiles folded into the online row statistics, then logp / entropy / lse, or the split's partial statistics) and
+logits tiles folded into the online row statistics, then logp / entropy / stats, or the split's partial statistics) and
 `_linear_logprobs_merge_kernel` (the log-sum-exp merge of those partials when the vocabulary is split)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ __all__ = ["_linear_logprobs_fwd_kernel", "_linear_logprobs_merge_kernel"]
 @triton.jit
 def _linear_logprobs_fwd_kernel(
     h_ptr, w_ptr, b_ptr, t_ptr,
-    logp_ptr, ent_ptr, lse_ptr,  # (N,) final outputs, written when not SPLIT
+    logp_ptr, ent_ptr, stats_ptr,  # (N,), (N,), (2, N) final outputs, written when not SPLIT
     pm_ptr, ps_ptr, pu_ptr, pzy_ptr,  # (splits, N) partial statistics, written when SPLIT
     N, V, D, v_per_split,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
     inv_temp, ignore_index,
-    HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, SPLIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)  # rows on axis 0: up to 2^31 - 1 blocks
@@ -53,14 +53,14 @@ def _linear_logprobs_fwd_kernel(
         if WITH_ENTROPY:
             tl.store(pu_ptr + off, u, mask=row_ok)
     else:
-        finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
-                       WITH_LSE)
+        finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
+                       WITH_STATS)
 
 
 @triton.jit
 def _linear_logprobs_merge_kernel(
-    pm_ptr, ps_ptr, pu_ptr, pzy_ptr, t_ptr, logp_ptr, ent_ptr, lse_ptr, N, n_splits, ignore_index,
-    WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, BLOCK: tl.constexpr,
+    pm_ptr, ps_ptr, pu_ptr, pzy_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, N, n_splits, ignore_index,
+    WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Combine the per-split statistics of each row (fixed split order: deterministic)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -80,9 +80,12 @@ def _linear_logprobs_merge_kernel(
         b = tl.exp(mk - m_new)
         if WITH_ENTROPY:
             uk = tl.load(pu_ptr + off, mask=row_ok, other=0.0)
-            shift = tl.where(m == float("-inf"), 0.0, m - m_new)
-            u = a * (u + s * shift) + b * (uk + sk * (mk - m_new))
+            # as in tiles.online_update: a shift whose weight vanishes is 0 (a split of NEG columns only would give
+            # s * -1e38 = -inf, and 0 * -inf = nan)
+            shift = tl.where(a == 0.0, 0.0, m - m_new)
+            shift_k = tl.where(b == 0.0, 0.0, mk - m_new)
+            u = a * (u + s * shift) + b * (uk + sk * shift_k)
         s = a * s + b * sk
         m = m_new
-    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
-                   WITH_LSE)
+    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
+                   WITH_STATS)

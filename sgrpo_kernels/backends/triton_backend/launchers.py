@@ -81,8 +81,13 @@ def _f32_rows(n: int, ref: torch.Tensor, hooks: Hooks) -> torch.Tensor:
     return _new((n,), ref, hooks)
 
 
-def _empty(ref: torch.Tensor) -> torch.Tensor:
-    return torch.empty(0, device=ref.device, dtype=torch.float32)
+def _empty(ref: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.empty(shape or (0,), device=ref.device, dtype=torch.float32)
+
+
+def _stats_out(n: int, ref: torch.Tensor, hooks: Hooks, opts: Options) -> torch.Tensor:
+    """The forward's (2, N) row statistics [m; log s] (contract: stats), or an empty (2, 0) when not requested."""
+    return _new((2, n), ref, hooks) if opts.need_stats else _empty(ref, 2, 0)
 
 
 def _as_output_dtype(in_dtype: torch.dtype, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -114,16 +119,16 @@ def _num_splits(n: int, vocab: int, ref: torch.Tensor, forced: int | None) -> tu
 
 
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: Hooks = NO_HOOKS):
-    """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), lse | (0,)), fp32
+    """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), stats | (2, 0)), fp32
     (fp64 for fp64 inputs)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     in_dtype = hidden.dtype
     logp = _f32_rows(n, hidden, hooks)
     ent = _f32_rows(n, hidden, hooks) if opts.return_entropy else _empty(hidden)
-    lse = _f32_rows(n, hidden, hooks) if opts.need_lse else _empty(hidden)
+    stats = _stats_out(n, hidden, hooks, opts)
     if n == 0:
-        return _as_output_dtype(in_dtype, logp, ent, lse)
+        return _as_output_dtype(in_dtype, logp, ent, stats)
     hidden, weight, bias = _compute_inputs(hidden, weight, bias)
     splits, per = _num_splits(n, vocab, hidden, hooks.splits)
     if splits > 1:
@@ -136,21 +141,21 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: 
     launch(
         "fwd", _linear_logprobs_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), splits), hidden,
         INTERP_TILE,
-        hidden, weight, b_arg, targets, logp, ent if opts.return_entropy else logp, lse if opts.need_lse else logp,
+        hidden, weight, b_arg, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp,
         pm, ps, pu, pzy, n, vocab, d, per,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         bias.stride(0) if bias is not None else 0,
         1.0 / opts.temperature, opts.ignore_index,
-        HAS_BIAS=bias is not None, WITH_ENTROPY=opts.return_entropy, WITH_LSE=opts.need_lse, SPLIT=splits > 1,
+        HAS_BIAS=bias is not None, WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats, SPLIT=splits > 1,
         DOT_PRECISION=_dot_precision(hidden.dtype, hidden),
     )
     if splits > 1:
         block = 128
         _linear_logprobs_merge_kernel[(triton.cdiv(n, block),)](
-            pm, ps, pu, pzy, targets, logp, ent if opts.return_entropy else logp, lse if opts.need_lse else logp,
-            n, splits, opts.ignore_index, WITH_ENTROPY=opts.return_entropy, WITH_LSE=opts.need_lse, BLOCK=block,
+            pm, ps, pu, pzy, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp,
+            n, splits, opts.ignore_index, WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats, BLOCK=block,
         )
-    return _as_output_dtype(in_dtype, logp, ent, lse)
+    return _as_output_dtype(in_dtype, logp, ent, stats)
 
 
 def _compact_active_rows(targets, grad_logp, grad_entropy, ignore_index) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,14 +179,14 @@ def _chunk_width(n: int, vocab: int, elem_bytes: int, memory_budget: int, ref: t
     return min(max(vc, align), vocab)
 
 
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, lse, entropy, opts: Options, *,
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options, *,
                         hooks: Hooks = NO_HOOKS):
     """-> grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) | None."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     out_dtype = hidden.dtype
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
-    h, w, b, lse, entropy = _compute_inputs(hidden, weight, bias, lse, entropy)
+    h, w, b, stats, entropy = _compute_inputs(hidden, weight, bias, stats, entropy)
     # a frozen weight gets no buffer (a (V, 0) stand-in keeps the code below uniform; its kernel is never launched)
     grad_w = _new(w.shape if opts.need_grad_weight else (w.shape[0], 0), w, hooks, w.dtype)
     grad_b = _new(b.shape, b, hooks, b.dtype) if (b is not None and opts.need_grad_weight) else None
@@ -193,7 +198,8 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     else:
         gl = grad_logp.float().contiguous()
         ge = grad_entropy.float().contiguous() if has_ge else gl
-        ent = entropy.contiguous() if has_ge else lse
+        stats = stats.contiguous()
+        ent = entropy.contiguous() if has_ge else gl
         idx, count = _compact_active_rows(targets, gl, ge if has_ge else None, opts.ignore_index)
         vc = _chunk_width(n, vocab, w.element_size(), opts.memory_budget, h)
         dz = _new((n, vc), h, hooks, w.dtype)
@@ -206,8 +212,9 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
                 "dz", _linear_logprobs_bwd_dz_kernel,
                 lambda meta, width=width: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(width, meta["BLOCK_V"])),
                 h, INTERP_TILE,
-                h, w, b_arg, targets, lse, ent, gl, ge, idx, count, dz, d, v0, width,
-                h.stride(0), h.stride(1), w.stride(0), w.stride(1), b_stride, dz.stride(0), 1.0 / opts.temperature,
+                h, w, b_arg, targets, stats, ent, gl, ge, idx, count, dz, d, v0, width,
+                h.stride(0), h.stride(1), w.stride(0), w.stride(1), b_stride, dz.stride(0), stats.stride(0),
+                1.0 / opts.temperature,
                 HAS_BIAS=b is not None, HAS_GE=has_ge, DOT_PRECISION=prec,
             )
             if opts.need_grad_hidden:
@@ -240,30 +247,30 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 
 
 def logprobs_from_logits_fwd(logits, targets, opts: Options, *, hooks: Hooks = NO_HOOKS):
-    """logits (N, V), targets (N,) -> (logp, entropy | (0,), lse | (0,)), fp32 (fp64 for fp64 logits)."""
+    """logits (N, V), targets (N,) -> (logp, entropy | (0,), stats | (2, 0)), fp32 (fp64 for fp64 logits)."""
     n, vocab = logits.shape
     logp = _f32_rows(n, logits, hooks)
     ent = _f32_rows(n, logits, hooks) if opts.return_entropy else _empty(logits)
-    lse = _f32_rows(n, logits, hooks) if opts.need_lse else _empty(logits)
+    stats = _stats_out(n, logits, hooks, opts)
     if n == 0:
-        return _as_output_dtype(logits.dtype, logp, ent, lse)
+        return _as_output_dtype(logits.dtype, logp, ent, stats)
     (x,) = _compute_inputs(logits)
     launch(
         "logits_fwd", _logprobs_from_logits_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),), x,
         INTERP_LOGITS,
-        x, targets, logp, ent if opts.return_entropy else logp, lse if opts.need_lse else logp, n, vocab,
+        x, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp, n, vocab,
         x.stride(0), x.stride(1), 1.0 / opts.temperature, opts.ignore_index,
-        WITH_ENTROPY=opts.return_entropy, WITH_LSE=opts.need_lse,
+        WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats,
     )
-    return _as_output_dtype(logits.dtype, logp, ent, lse)
+    return _as_output_dtype(logits.dtype, logp, ent, stats)
 
 
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entropy, opts: Options, *,
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options, *,
                              hooks: Hooks = NO_HOOKS):
     """-> grad_logits (N, V) logits.dtype; written into `logits` itself when opts.inplace_backward."""
     n, vocab = logits.shape
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
-    lse, entropy = _compute_inputs(lse, entropy)
+    stats, entropy = _compute_inputs(stats, entropy)
     if logits.dtype == torch.float64:
         x = logits.float()  # computed in fp32 (package docstring); the gradient is copied back in fp64
         out = x
@@ -273,11 +280,12 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, lse, entr
     if n > 0:
         gl = grad_logp.float().contiguous()
         ge = grad_entropy.float().contiguous() if has_ge else gl
-        ent = entropy.contiguous() if has_ge else lse
+        stats = stats.contiguous()
+        ent = entropy.contiguous() if has_ge else gl
         meta = logits_bwd_config() if on_gpu(x) else INTERP_LOGITS
         _logprobs_from_logits_bwd_kernel[(triton.cdiv(n, meta["BLOCK_M"]),)](
-            x, targets, lse, ent, gl, ge, out, n, vocab, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-            1.0 / opts.temperature, opts.ignore_index, HAS_GE=has_ge, **meta,
+            x, targets, stats, ent, gl, ge, out, n, vocab, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+            stats.stride(0), 1.0 / opts.temperature, opts.ignore_index, HAS_GE=has_ge, **meta,
         )
     if logits.dtype == torch.float64:
         if opts.inplace_backward:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LOGP_FLOOR, NEG, finalize_store, online_update
+from .tiles import NEG, finalize_store, log_prob, online_update
 
 __all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel"]
 
 
 @triton.jit
 def _logprobs_from_logits_fwd_kernel(
-    x_ptr, t_ptr, logp_ptr, ent_ptr, lse_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
-    WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    x_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
+    WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
@@ -33,22 +33,24 @@ def _logprobs_from_logits_fwd_kernel(
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
         m, s, u = online_update(m, s, u, tl.maximum(z, NEG), WITH_ENTROPY)
-    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, lse_ptr, rows, row_ok, WITH_ENTROPY,
-                   WITH_LSE)
+    finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
+                   WITH_STATS)
 
 
 @triton.jit
 def _logprobs_from_logits_bwd_kernel(
-    x_ptr, t_ptr, lse_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, N, V,
-    stride_xn, stride_xv, stride_on, stride_ov, inv_temp, ignore_index,
+    x_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, N, V,
+    stride_xn, stride_xv, stride_on, stride_ov, stride_stats, inv_temp, ignore_index,
     HAS_GE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
-    """dlogits chunk by chunk; out_ptr may alias x_ptr (each element is read, then written, by one program)."""
+    """dlogits chunk by chunk; out_ptr may alias x_ptr (each element is read, then written, by one program);
+    stats_ptr: the forward's (2, N) row statistics [m; log s], row stride stride_stats."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
     gl = tl.load(gl_ptr + rows, mask=row_ok, other=0.0)
-    lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+    m = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)
+    log_s = tl.load(stats_ptr + stride_stats + rows, mask=row_ok, other=0.0)
     live = gl != 0.0
     if HAS_GE:
         ge = tl.load(ge_ptr + rows, mask=row_ok, other=0.0)
@@ -58,9 +60,10 @@ def _logprobs_from_logits_bwd_kernel(
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_ok = cols < V
+        # elements not read (rows without gradient, columns past V) are -inf: p = 0, no exp overflow
         x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
-                    mask=live[:, None] & col_ok[None, :], other=0.0)
-        logp_j = tl.maximum(x.to(tl.float32) * inv_temp - lse[:, None], LOGP_FLOOR)
+                    mask=live[:, None] & col_ok[None, :], other=float("-inf"))
+        logp_j = log_prob(x.to(tl.float32) * inv_temp, m, log_s)
         p = tl.exp(logp_j)
         dz = -gl[:, None] * p
         if HAS_GE:

@@ -1,15 +1,17 @@
 """Shared `@triton.jit` tile helpers of the kernels: the matrix product, the logits tile, the online log-sum-exp /
-entropy update, the target logit and the final store of logp / entropy / lse (inlined into every kernel that calls
-them; docs in the package docstring)."""
+entropy update, the target logit, the final store of logp / entropy / row statistics and the backward's log p
+(inlined into every kernel that calls them; docs in the package docstring)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "logits_tile", "mma", "online_update", "target_logit"]
+__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "log_prob", "logits_tile", "mma", "online_update", "target_logit"]
 
-NEG = tl.constexpr(-1.0e30)  # masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0
+# masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0. Far below any logit a model produces (fp32
+# ends at 3.4e38) but with room for NEG - m to stay finite: logits down to -1e38 keep their value in the statistics.
+NEG = tl.constexpr(-1.0e38)
 # -inf logits (masked vocabulary, -inf bias) are clamped to NEG for the statistics, and log p to LOGP_FLOOR in
 # the backward: exp of either is exactly 0, so p is unchanged and no 0 * inf = nan appears
 LOGP_FLOOR = tl.constexpr(-1.0e4)
@@ -57,7 +59,9 @@ def online_update(m, s, u, z, WITH_ENTROPY: tl.constexpr):
     zc = z - m_new[:, None]
     e = tl.exp(zc)
     if WITH_ENTROPY:
-        shift = tl.where(m == float("-inf"), 0.0, m - m_new)
+        # the shift is 0 where the scale vanishes: the first tile (m = -inf) and rows with only NEG columns so far,
+        # whose s * (m - m_new) = s * -1e38 would overflow to -inf (and 0 * -inf = nan)
+        shift = tl.where(scale == 0.0, 0.0, m - m_new)
         u = scale * (u + s * shift) + tl.sum(e * zc, axis=1)
     s = s * scale + tl.sum(e, axis=1)
     return m_new, s, u
@@ -83,15 +87,24 @@ def target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tgt, D, stride_hn, stride_hd
 
 
 @triton.jit
-def finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, lse_ptr, rows, row_ok,
-                   WITH_ENTROPY: tl.constexpr, WITH_LSE: tl.constexpr):
-    """Turn the row statistics into logp, entropy, lse (0 on ignored rows) and store the requested ones.
-    logp <= 0 and H >= 0 hold exactly: z_y comes from a row-wise dot, lse from the tiles' tensor-core sums, and on
-    a confident row (p ~ 1) their different summation orders would otherwise give log p ~ +1e-5."""
+def finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, stats_ptr, stride_stats, rows, row_ok,
+                   WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr):
+    """Turn the row statistics into logp = (z_y - m) - log s, entropy and stats = [m; log s] (a (2, N) tensor with
+    row stride `stride_stats`; all 0 on ignored rows) and store the requested ones. The shifted form keeps log s at
+    any |m| (m + log s would round it away). logp <= 0 and H >= 0 hold exactly: z_y comes from a row-wise dot, m from
+    the tiles' tensor-core sums, and on a confident row (p ~ 1) their different summation orders would otherwise give
+    log p ~ +1e-5."""
     log_s = tl.log(s)
-    lse = m + log_s
-    tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.minimum(zy - lse, 0.0)), mask=row_ok)
+    tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.minimum((zy - m) - log_s, 0.0)), mask=row_ok)
     if WITH_ENTROPY:
         tl.store(ent_ptr + rows, tl.where(ignored, 0.0, tl.maximum(log_s - u / s, 0.0)), mask=row_ok)
-    if WITH_LSE:
-        tl.store(lse_ptr + rows, tl.where(ignored, 0.0, lse), mask=row_ok)
+    if WITH_STATS:
+        tl.store(stats_ptr + rows, tl.where(ignored, 0.0, m), mask=row_ok)
+        tl.store(stats_ptr + stride_stats + rows, tl.where(ignored, 0.0, log_s), mask=row_ok)
+
+
+@triton.jit
+def log_prob(z, m, log_s):
+    """The backward's log p = (z - m) - log s of a (rows, cols) tile from the saved row statistics (never z - lse:
+    lse = m + log s is rounded at large |m|), floored at LOGP_FLOOR (p = 0 exactly there; -inf logits stay finite)."""
+    return tl.maximum((z - m[:, None]) - log_s[:, None], LOGP_FLOOR)
