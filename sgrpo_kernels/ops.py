@@ -231,7 +231,9 @@ def _logits_backward(ctx, grad_logp, grad_entropy, _grad_stats):
     return (grad, None) + (None,) * _N_CALL
 
 
-torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context)
+torch.library.register_autograd(
+    "sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context
+)
 
 
 # ---------------------------------------------------------------------------------------------------- public API

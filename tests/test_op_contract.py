@@ -425,7 +425,9 @@ def test_inplace_backward_refuses_a_leaf():
         sk.logprobs_from_logits(z, torch.zeros(3, dtype=torch.long), inplace_backward=True)
 
 
-@pytest.mark.parametrize("view", [lambda x: x.view(6, 5), lambda x: x[:, :5], lambda x: x.t(), lambda x: x.view(2, 3, 5)])
+@pytest.mark.parametrize(
+    "view", [lambda x: x.view(6, 5), lambda x: x[:, :5], lambda x: x.t(), lambda x: x.view(2, 3, 5)]
+)
 def test_inplace_backward_refuses_a_view_of_a_leaf(view):
     # issue 11 item 4: a view shares the leaf's storage; the in-place backward would overwrite the leaf's data with
     # its own gradient (before the fix x.data came back equal to x.grad)
