@@ -17,6 +17,7 @@ from train.__main__ import main  # noqa: E402
 from train.config import TrainConfig, parse_args  # noqa: E402
 from train.model import head_weight, policy_hidden, policy_hidden_grouped, tiny_model_and_tokenizer  # noqa: E402
 from train.rollout import completion_mask, rollout  # noqa: E402
+from train.setup import completion_hidden  # noqa: E402
 from train.tasks import ArithmeticTask  # noqa: E402
 
 # A loss that always has a gradient on a random model (whose rewards are all 0): an entropy bonus, no filter.
@@ -85,7 +86,7 @@ def test_training_step_changes_weights():
     cfg = type(cfg)(**{**cfg.__dict__, "entropy_filter": None})
     adv = cfg.advantages(rewards, 4)
     weights, counts = cfg.conflict_weights(batch.completion_ids, batch.completion_mask, adv, 4)
-    hidden = loop.completion_hidden(model, batch, 4)
+    hidden = completion_hidden(model, batch, 4)
     assert hidden.shape[:2] == batch.completion_ids.shape
     targets = torch.where(batch.completion_mask, batch.completion_ids, -100)
     loss, metrics = sgrpo_loss(
@@ -299,10 +300,11 @@ def test_one_target_check_per_step(tmp_path, monkeypatch):
     """old_logp, ref_logp, both PPO epochs' losses and the KL probe run on the same targets: the range check (one
     host sync) runs on the first of them only."""
     import sgrpo_kernels.ops as ops
+    import train.setup as setup_module
 
     monkeypatch.delenv("SGRPO_CHECK_TARGETS", raising=False)
     checks, per_step, ops_calls = [0], [], [0]
-    real_check, real_step, real_ll = ops.check_target_values, loop.train_step, loop.linear_logprobs
+    real_check, real_step, real_ll = ops.check_target_values, loop.train_step, setup_module.linear_logprobs
 
     def counting_check(*args, **kwargs):
         checks[0] += 1
@@ -320,7 +322,7 @@ def test_one_target_check_per_step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ops, "check_target_values", counting_check)
     monkeypatch.setattr(loop, "train_step", counted_step)
-    monkeypatch.setattr(loop, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
+    monkeypatch.setattr(setup_module, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
     loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=2, ppo_epochs=2, kl_every=1, eval_k=0))
     assert per_step == [(1, 3), (1, 3)]  # 3 forward-only calls + 2 losses per step, one check
     assert checks[0] == 1 + 2  # + the probe's own check when it was created

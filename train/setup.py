@@ -1,0 +1,225 @@
+"""Everything before the first step: `setup` builds the `Run` (policy, optimizer and schedule, rollout engine, task and
+held-out set, KL-from-init probe); the policy's forward-only helpers that the probe and the training step share."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels import linear_logprobs
+from sgrpo_kernels.rl import LossConfig
+from sgrpo_kernels.validation import check_target_values
+from train.config import TrainConfig
+from train.model import (
+    add_lora,
+    head_weight,
+    load_model_and_tokenizer,
+    param_bytes,
+    policy_hidden_grouped,
+    resolve_device,
+    resolve_dtype,
+    set_trainable,
+)
+from train.rollout import Batch, VLLMEngine, rollout
+from train.tasks import make_task
+
+# ----------------------------------------------------------------------------------------------------- the policy
+
+
+def completion_targets(batch: Batch) -> Tensor:
+    """[N, T] completion tokens, -100 (ignore_index) after each completion's end."""
+    return torch.where(batch.completion_mask, batch.completion_ids, -100)
+
+
+def completion_hidden(model, batch: Batch, group_size: int) -> torch.Tensor:
+    """Hidden states [N, T, D] at the positions that predict each completion token; each group's shared prompt is
+    run once (rows g*G .. g*G+G-1 have the same prompt)."""
+    return policy_hidden_grouped(
+        model,
+        batch.prompt_ids[::group_size],
+        batch.prompt_mask[::group_size],
+        batch.completion_ids,
+        batch.completion_mask,
+        group_size,
+    )
+
+
+@torch.no_grad()
+def token_logprobs(
+    model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets: bool | None = None
+) -> torch.Tensor:
+    """Forward-only log-probs [N, T] of the completion tokens (no autograd state, no logits). `check_targets`: as in
+    `linear_logprobs` (None = env SGRPO_CHECK_TARGETS, default on; one host sync)."""
+    hidden = completion_hidden(model, batch, group_size)
+    logp, _ = linear_logprobs(
+        hidden,
+        head_weight(model),
+        completion_targets(batch),
+        temperature=temperature,
+        return_entropy=False,
+        backend=backend,
+        check_targets=check_targets,
+    )
+    return logp
+
+
+def lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+# ----------------------------------------------------------------------------------------------------- setup
+
+
+@dataclass
+class Run:
+    """What `setup` builds and the steps use: fixed for the run (the model's weights and the optimizer's state move,
+    the objects do not)."""
+
+    cfg: TrainConfig
+    loss_cfg: LossConfig
+    out_dir: Path
+    device: torch.device
+    model: torch.nn.Module
+    tok: object
+    ref_model: torch.nn.Module | None  # the frozen reference of the KL presets (grpo); None otherwise
+    params: list[torch.nn.Parameter]  # the trained ones
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    engine: VLLMEngine | None
+    task: object
+    task_rng: random.Random  # draws each step's problems; saved in checkpoints
+    heldout: list
+    system_prompt: str | None
+    probe: dict | None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoint"
+
+
+def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> Run:
+    """Everything before the first step, in the order that fixes the random stream: the run directory and its
+    config.json, the policy (and the reference model of the KL presets), optimizer and schedule, the rollout engine,
+    the task and its held-out set, the KL-from-init probe."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    loss_cfg = cfg.loss_config(loss_overrides)  # preset + cfg.loss + --loss.FIELD
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(
+        json.dumps({"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg)}, indent=2, default=str)
+    )
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    torch.manual_seed(cfg.seed)
+    if model_and_tokenizer is None:
+        model, tok = load_model_and_tokenizer(cfg.model, device, dtype, cfg.seed)
+    else:
+        model, tok = model_and_tokenizer
+    ref_model = None
+    if loss_cfg.needs_ref:  # only the KL presets (grpo) pay for a frozen reference
+        ref_model, _ = load_model_and_tokenizer(cfg.model, device, dtype, cfg.seed)
+        ref_model.requires_grad_(False).eval()
+        print(f"reference model: {param_bytes(ref_model) / 2**20:.1f} MiB of weights")
+    if cfg.lora:
+        model = add_lora(model, cfg.lora_r, cfg.lora_alpha)
+    params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)
+    print(
+        f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
+        f"{sum(p.numel() for p in params) / 1e6:.1f}M trained, {dtype}, {device}; loss preset {loss_cfg.name}"
+    )
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    engine = rollout_engine(cfg, model, device)
+
+    task = make_task(
+        cfg.task,
+        difficulty=cfg.difficulty,
+        data_path=cfg.data_path,
+        prompt_template=cfg.prompt_template,
+        heldout_frac=cfg.heldout_frac,
+        seed=cfg.seed,
+    )
+    task_rng = random.Random(cfg.seed)
+    heldout = task.heldout(cfg.eval_problems, cfg.seed)
+    system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
+    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt")
+    return Run(
+        cfg=cfg,
+        loss_cfg=loss_cfg,
+        out_dir=out_dir,
+        device=device,
+        model=model,
+        tok=tok,
+        ref_model=ref_model,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        engine=engine,
+        task=task,
+        task_rng=task_rng,
+        heldout=heldout,
+        system_prompt=system_prompt,
+        probe=probe,
+    )
+
+
+def rollout_engine(cfg: TrainConfig, model, device: torch.device) -> VLLMEngine | None:
+    """vLLM for the rollouts when asked (`on`), or by default on CUDA without LoRA; None = HF generate."""
+    if cfg.use_vllm == "on" or (cfg.use_vllm == "auto" and device.type == "cuda" and not cfg.lora):
+        try:
+            return VLLMEngine(model, cfg.model)
+        except Exception as exc:  # noqa: BLE001 -- vllm missing or unable to start: fall back to HF generate
+            if cfg.use_vllm == "on":
+                raise
+            print(f"vLLM unavailable ({type(exc).__name__}); using HF generate")
+    return None
+
+
+def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path) -> dict | None:
+    """KL-from-init probes: completions sampled once from the initial policy; their initial log-probs are cached, so
+    no reference model stays resident. Stored in the run directory so a resumed run uses the same probes. The probe's
+    targets are range-checked here, once: the per-step KL (`kl_from_init`) skips that check."""
+    if not cfg.kl_every:
+        return None
+    if cfg.resume and path.exists():
+        probe = torch.load(path, weights_only=False)
+        check_target_values(completion_targets(probe["batch"]), head_weight(model).shape[0], -100)
+        return probe
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 777)
+        probe_batch = rollout(
+            model,
+            tok,
+            task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}")),
+            group_size=1,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            system_prompt=system_prompt,
+        )
+    probe = {"batch": probe_batch, "logp0": token_logprobs(model, probe_batch, cfg.temperature, cfg.backend, 1)}
+    torch.save(probe, path)
+    return probe
+
+
+def kl_from_init(run: Run) -> float:
+    """k3 estimate of KL(pi_init || pi) on the probe completions (sampled from the initial policy), >= 0."""
+    batch = run.probe["batch"]
+    logp = token_logprobs(run.model, batch, run.cfg.temperature, run.cfg.backend, 1, check_targets=False)
+    d = (logp - run.probe["logp0"])[batch.completion_mask]  # log(pi / pi_init) on init samples
+    return float((d.exp() - 1 - d).mean())
