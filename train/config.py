@@ -50,6 +50,9 @@ class TrainConfig:
     warmup_steps: int = 3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     max_grad_norm: float = 1.0
+    # undo an optimizer step that makes a weight non-finite (keeps one copy of the trained weights and Adam state);
+    # false: stop the run instead (nothing non-finite is ever saved)
+    step_guard: bool = True
     ppo_epochs: int = 1  # optimization passes per rollout batch (> 1 uses old-policy log-probs from the no-grad op)
     train_layers: int = 12  # train only the top N decoder layers (+ final norm); -1 = all
     train_lm_head: bool = False  # the LM head (tied to the embeddings in SmolLM2)
@@ -64,6 +67,7 @@ class TrainConfig:
     # evaluation and logging
     output_dir: str = "runs/default"
     resume: bool = False  # continue from OUTPUT_DIR/checkpoint (exactly: weights, optimizer, scheduler, RNG, step)
+    overwrite: bool = False  # start over in an OUTPUT_DIR that holds a run (deletes its metrics, summary, checkpoint)
     eval_every: int = 0  # held-out evaluation every k steps; 0 = only before and after training
     eval_problems: int = 200
     eval_k: int = 4  # pass@k / maj@k samples per held-out problem (0 = greedy only)
@@ -71,7 +75,7 @@ class TrainConfig:
     eval_batch_size: int = 100
     kl_every: int = 5  # KL from the initial policy on the probe set every k steps (0 = never)
     probe_size: int = 16
-    save_every: int = 0  # checkpoint every k steps (also at the end and on Ctrl-C); 0 = end / Ctrl-C only
+    save_every: int = 10  # checkpoint every k steps (also at the end, on Ctrl-C / SIGTERM, on errors); 0 = only then
     collapse_entropy: float = 0.05  # collapse flag: mean entropy below this ...
     collapse_window: int = 3  # ... for this many consecutive steps, with a flat (all-equal) reward in every group
     progress: bool = True  # tqdm progress bar
@@ -86,6 +90,26 @@ class TrainConfig:
     def loss_config(self, overrides: dict | None = None) -> LossConfig:
         return dataclasses.replace(preset(self.preset), **{**self.loss_overrides(), **(overrides or {})})
 
+
+# The fields --resume may change; every other field, and the effective LossConfig, must equal the checkpoint's.
+RESUME_SAFE = frozenset(
+    {
+        "max_steps",  # extends (or shortens) the run; the cosine schedule follows the new length from the resume on
+        "time_budget_s",  # per invocation: a resumed run gets the whole budget again
+        "progress",
+        "eval_every",
+        "save_every",
+        "kl_every",  # when the KL probe is measured (it never changes training)
+        "eval_batch_size",
+        "collapse_entropy",  # the collapse flag is a logged diagnostic only
+        "collapse_window",
+        "threads",
+        "output_dir",  # a run directory may be moved
+        "resume",
+        "overwrite",
+        "step_guard",
+    }
+)
 
 # Named run presets (trainer-level); --preset picks the algorithm, these pick sizes.
 RUN_PRESETS: dict[str, dict] = {
