@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
 pytest.importorskip("transformers")
 
 from train.rewards import answers_match, correctness_reward, extract_answer, format_reward  # noqa: E402
-from train.tasks import LEVELS, ArithmeticTask, JsonlTask, make_task, parse_levels  # noqa: E402
+from train.tasks import LEVELS, ArithmeticTask, JsonlTask, check_template, make_task, parse_levels  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,7 @@ def test_parse_levels():
     assert parse_levels("3") == [3]
     assert parse_levels("1-3") == [1, 2, 3]
     assert parse_levels("1,2,5") == [1, 2, 5]
-    for bad in ("0", "9", "", "2-12"):
+    for bad in ("0", "9", "", "2-12", "abc", "1-2-3", "3-1", "1,x"):
         with pytest.raises(ValueError, match="difficulty"):
             parse_levels(bad)
 
@@ -98,7 +99,7 @@ def test_difficulty_levels_grow():
 
 def test_jsonl_task(tmp_path):
     rows = [{"question": f"What is {i} plus {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(10)]
-    rows += [{"problem": "1/2 + 1/2?", "solution": "It is $\\boxed{1}$."}, {"junk": 1}]
+    rows += [{"problem": "1/2 + 1/2?", "solution": "It is $\\boxed{1}$."}]
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     task = make_task("gsm8k", data_path=str(path), heldout_frac=0.25)
@@ -109,3 +110,49 @@ def test_jsonl_task(tmp_path):
     assert task.heldout(100, 0) == task.test
     with pytest.raises(ValueError, match="task"):
         make_task("nope")
+
+
+@pytest.mark.parametrize(
+    "content, line, expected",
+    [
+        (b'{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": 4\n', 2, "not valid JSON"),
+        (b'{"question": "1+1", "answer": "2"}\n\n[1, 2]\n', 3, "a JSON list, not an object"),
+        (b'{"question": "1+1", "answer": "2"}\n"text"\n', 2, "a JSON str, not an object"),
+        (b'{"question": "1+1", "answer": "2"}\n{"question": "2+2"}\n', 2, "missing an answer"),
+        (b'{"q": "1+1", "a": "2"}\n', 1, r"missing a question .* and an answer .*keys \['a', 'q'\]"),
+        (
+            b'{"question": "1+1", "answer": "2"}\n{"question": "x", "solution": "no box \\\\boxed{}"}\n',
+            2,
+            "no final answer",
+        ),
+        (b'{"question": "1+1", "answer": "2"}\n\x89PNG\x00\x00', 2, "binary file"),
+        (b'{"question": "1+1", "answer": "2"}\n{"question": "\xff\xfe"}\n', 2, "not UTF-8"),
+    ],
+)
+def test_malformed_data_file_names_file_line_and_expectation(tmp_path, content, line, expected):
+    """A data file that is not JSON Lines of question/answer objects is refused with the file, the line and what was
+    expected (it was a bare json/KeyError traceback, or the row was silently skipped)."""
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as exc:
+        make_task("gsm8k", data_path=str(path))
+    msg = str(exc.value)
+    assert f"{path}: line {line}: " in msg
+    assert re.search(expected, msg), msg
+    assert "expected" in msg
+
+
+def test_data_file_with_too_few_problems(tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"question": "1+1", "answer": "2"}\n')
+    with pytest.raises(ValueError, match="1 problem.*at least 2"):
+        make_task("math", data_path=str(path))
+
+
+@pytest.mark.parametrize("template", ["{q} =", "{question} {answer}", "{}", "{question", "no field at all"])
+def test_prompt_template_fields_are_checked(template):
+    with pytest.raises(ValueError, match="prompt_template"):
+        check_template(template)
+    with pytest.raises(ValueError, match="prompt_template"):
+        ArithmeticTask("1", prompt_template=template)
+    assert check_template("Q: {question} = ?") == "Q: {question} = ?"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,19 +61,45 @@ LEVELS = {
 
 
 def parse_levels(spec: str | int) -> list[int]:
-    """'3' -> [3]; '1-3' -> [1, 2, 3]; '1,5' -> [1, 5]."""
+    """'3' -> [3]; '1-3' -> [1, 2, 3]; '1,5' -> [1, 5]. Anything else raises ValueError naming the spec."""
+    expected = f"expected levels in {min(LEVELS)}..{max(LEVELS)} like '3', '1-3' or '1,5'"
     levels: list[int] = []
-    for part in str(spec).split(","):
-        part = part.strip()
-        if "-" in part:
-            lo, hi = part.split("-")
-            levels.extend(range(int(lo), int(hi) + 1))
-        elif part:
-            levels.append(int(part))
+    try:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-")
+                if int(lo) > int(hi):
+                    raise ValueError
+                levels.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                levels.append(int(part))
+    except ValueError:
+        raise ValueError(f"difficulty={spec!r}: {expected}") from None
     bad = [lv for lv in levels if lv not in LEVELS]
     if not levels or bad:
-        raise ValueError(f"difficulty={spec!r}: expected levels in {sorted(LEVELS)} like '3', '1-3' or '1,5'")
+        raise ValueError(f"difficulty={spec!r}: {expected}")
     return levels
+
+
+TEMPLATE_FIELDS = ("question",)  # the fields a prompt template may use
+
+
+def check_template(template: str) -> str:
+    """A prompt template: `str.format` text with `{question}` (at least once) and no other field."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:  # unbalanced braces
+        raise ValueError(f"prompt_template={template!r}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    unknown = sorted({n for n in names if n not in TEMPLATE_FIELDS})
+    if unknown:
+        raise ValueError(
+            f"prompt_template={template!r}: unknown field(s) {', '.join('{' + n + '}' for n in unknown)}; "
+            "the only field is {question}"
+        )
+    if "question" not in names:
+        raise ValueError(f"prompt_template={template!r}: has no {{question}} field (every prompt would be the same)")
+    return template
 
 
 def _is_heldout(question: str, heldout_frac: float) -> bool:
@@ -87,7 +114,7 @@ class ArithmeticTask:
 
     def __init__(self, difficulty: str | int = "1-3", prompt_template: str = "{question} =", heldout_frac: float = 0.2):
         self.levels = parse_levels(difficulty)
-        self.template = prompt_template
+        self.template = check_template(prompt_template)
         self.heldout_frac = heldout_frac
 
     def _draw(self, rng: random.Random, heldout: bool) -> Problem:
@@ -113,37 +140,82 @@ class ArithmeticTask:
         return list(seen.values())
 
 
+QUESTION_KEYS = ("question", "problem", "prompt")  # the problem text: the first of these present in a row
+ANSWER_KEYS = ("answer", "solution")  # the ground truth: GSM8K "... #### 42", MATH "... \\boxed{42}", or a bare value
+JSONL_EXPECTED = (
+    "expected JSON Lines: one JSON object per line with a question (one of question/problem/prompt) and an answer "
+    '(answer/solution), e.g. {"question": "What is 2 + 3?", "answer": "5"}'
+)
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of every non-blank line of a JSON Lines file. A file that is not UTF-8 text, a line that is
+    not JSON, or a row that is not an object raises ValueError naming the file, the line and what was expected."""
+    data = Path(path).read_bytes()
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: a NUL byte: a binary file, not text; {JSONL_EXPECTED}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text ({exc.reason}); {JSONL_EXPECTED}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}: line {number}: not valid JSON ({exc.msg}, column {exc.colno}); {JSONL_EXPECTED}"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {number}: a JSON {type(row).__name__}, not an object; {JSONL_EXPECTED}")
+        rows.append((number, row))
+    return rows
+
+
 class JsonlTask:
     """GSM8K / MATH style problems from a local JSONL file.
 
     Accepted fields: question/problem/prompt for the text; answer (GSM8K "... #### 42" or a bare value) or solution
-    (MATH, the last \\boxed{...}) for the ground truth. The last `heldout_frac` of the shuffled file is held out.
+    (MATH, the last \\boxed{...}) for the ground truth. Every row must have both (a row without them is an error
+    naming its line, not skipped). The last `heldout_frac` of the shuffled file is held out.
     """
 
     system_prompt: str | None = None  # the chat template's default
 
     def __init__(self, path: str, prompt_template: str = "{question}", heldout_frac: float = 0.2, seed: int = 0):
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        problems = [self._parse(row, prompt_template) for row in rows]
-        problems = [p for p in problems if p is not None]
+        check_template(prompt_template)
+        problems = [self._parse(row, prompt_template, f"{path}: line {n}") for n, row in read_jsonl(path)]
         if len(problems) < 2:
-            raise ValueError(
-                f"data_path={path!r}: found {len(problems)} usable problems; need question + answer fields"
-            )
+            raise ValueError(f"{path}: {len(problems)} problem(s); need at least 2 (training and held-out)")
         random.Random(seed).shuffle(problems)
         n_held = max(1, int(len(problems) * heldout_frac))
         self.train, self.test = problems[:-n_held], problems[-n_held:]
 
     @staticmethod
-    def _parse(row: dict, template: str) -> Problem | None:
-        question = row.get("question") or row.get("problem") or row.get("prompt")
-        raw = row.get("answer") if row.get("answer") is not None else row.get("solution")
+    def _parse(row: dict, template: str, where: str) -> Problem:
+        question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+        raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
         if question is None or raw is None:
-            return None
+            missing = " and ".join(
+                what
+                for what, value in (
+                    ("a question (question/problem/prompt)", question),
+                    ("an answer (answer/solution)", raw),
+                )
+                if value is None
+            )
+            raise ValueError(f"{where}: missing {missing}; the row has keys {sorted(row)}; {JSONL_EXPECTED}")
         answer = extract_answer(str(raw)) if ("####" in str(raw) or "\\boxed" in str(raw)) else str(raw).strip()
-        if answer is None:
-            return None
-        return Problem(template.format(question=question), answer, question)
+        if not answer:
+            raise ValueError(
+                f"{where}: no final answer in {str(raw)[:80]!r}; expected a bare value, GSM8K's '#### 42' or MATH's "
+                "\\boxed{42}"
+            )
+        return Problem(template.format(question=question), answer, str(question))
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
         return [rng.choice(self.train) for _ in range(n)]

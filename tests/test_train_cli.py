@@ -1,0 +1,270 @@
+"""Trainer CLI and config: every value is checked against the range declared beside its field (at parse time, naming
+the flag; and when a TrainConfig is built in code); `--help` shows one spelling per flag with its default, accepted
+values and description, and imports neither torch nor transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from train.config import (
+    BACKENDS,
+    DTYPES,
+    PRESET_NAMES,
+    RUN_PRESETS,
+    ConfigError,
+    Range,
+    TrainConfig,
+    field_docs,
+    field_specs,
+    loss_fields,
+    parse_args,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def refused(argv: list[str], capsys) -> str:
+    """parse_args must exit with argparse's status 2; returns its error message."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+# Values that inverted or poisoned training (gradient ascent, NaN weights), ran silently with a meaningless setting, or
+# died deep inside a library. Each is refused at parse time with the flag, the value and the accepted range.
+BAD_VALUES = [
+    ("--max-grad-norm", "-1", "> 0"),
+    ("--max-grad-norm", "nan", "> 0"),
+    ("--max-grad-norm", "0", "> 0"),
+    ("--lr", "inf", "0 < x <= 1"),
+    ("--lr", "-0.00001", "0 < x <= 1"),
+    ("--min-lr-ratio", "nan", "0 <= x <= 1"),
+    ("--min-lr-ratio", "2", "0 <= x <= 1"),
+    ("--max-steps", "-1", ">= 0"),
+    ("--ppo-epochs", "0", ">= 1"),
+    ("--time-budget-s", "-1", ">= 0"),
+    ("--time-budget-s", "inf", ">= 0"),
+    ("--top-p", "0", "0 < x <= 1"),
+    ("--top-p", "1.5", "0 < x <= 1"),
+    ("--temperature", "0", "> 0"),
+    ("--collapse-window", "0", ">= 1"),
+    ("--collapse-entropy", "-0.1", ">= 0"),
+    ("--format-reward-weight", "nan", ">= 0"),
+    ("--weight-decay", "-1", ">= 0"),
+    ("--heldout-frac", "1", "0 < x < 1"),
+    ("--use-vllm", "junk", "auto, on, off"),
+    ("--group-size", "0", ">= 2"),
+    ("--group-size", "1", ">= 2"),
+    ("--prompts-per-step", "0", ">= 1"),
+    ("--max-new-tokens", "0", ">= 1"),
+    ("--probe-size", "0", ">= 1"),
+    ("--eval-problems", "0", ">= 1"),
+    ("--eval-k-problems", "0", ">= 1"),
+    ("--eval-k", "-1", ">= 0"),
+    ("--eval-batch-size", "0", ">= 1"),
+    ("--kl-every", "-1", ">= 0"),
+    ("--save-every", "-5", ">= 0"),
+    ("--train-layers", "-2", ">= -1"),
+    ("--lora-r", "0", ">= 1"),
+    ("--seed", "-1", "0 <= x"),
+    ("--threads", "-1", ">= 0"),
+    ("--warmup-steps", "-1", ">= 0"),
+    ("--dtype", "junk", "float32"),
+    ("--device", "gpu", "cuda"),
+    ("--backend", "cuda", "torch, triton, npu"),
+    ("--preset", "nope", "s_grpo"),
+    ("--task", "nope", "arithmetic"),
+    ("--difficulty", "abc", "levels in 1..8"),
+    ("--difficulty", "9", "levels in 1..8"),
+    ("--prompt-template", "{q} =", "unknown field"),
+    ("--prompt-template", "{question} {answer}", "unknown field"),
+    ("--prompt-template", "no field", "no {question}"),
+    ("--max-steps", "3.5", "integer"),
+    ("--lora", "maybe", "on/off"),
+    ("--output-dir", "", "non-empty"),
+]
+
+
+@pytest.mark.parametrize("flag, value, accepted", BAD_VALUES, ids=[f"{f}={v}" for f, v, _ in BAD_VALUES])
+def test_bad_value_refused_at_parse_time(flag, value, accepted, capsys):
+    err = refused([flag, value], capsys)
+    assert f"argument {flag}: {value!r} refused" in err, err
+    assert accepted in err, err
+
+
+def test_old_spelling_is_refused_too(capsys):
+    err = refused(["--max_grad_norm", "-1"], capsys)  # the underscore spelling works, and is checked the same
+    assert "argument --max-grad-norm: '-1' refused: expected number > 0" in err
+
+
+@pytest.mark.parametrize(
+    "argv, flag, message",
+    [
+        (["--data-path", "{data}"], "--data-path", "task='arithmetic' would ignore it"),
+        (["--task", "gsm8k", "--data-path", "/no/such/file.jsonl"], "--data-path", "no such file"),
+        (["--train-layers", "0"], "--train-layers", "nothing would be trained"),
+        (["--loss", "nope=1"], "--loss", "unknown LossConfig field(s) ['nope']"),
+        (["--loss", "junk"], "--loss", "'junk' is not field=value"),
+        (["--loss", "epsilon_low=2"], "--loss", "LossConfig.epsilon_low"),
+        (["--loss.epsilon_low", "2.0"], "--loss.epsilon_low", "LossConfig.epsilon_low must be < 1.0"),
+        (["--loss.beta", "0.1", "--loss.dual_clip", "0.5"], "--loss.dual_clip", "LossConfig.dual_clip must be > 1"),
+    ],
+)
+def test_cross_field_and_loss_errors_name_the_flag(tmp_path, capsys, argv, flag, message):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
+    err = refused([a.replace("{data}", str(data)) for a in argv], capsys)
+    assert f"argument {flag}: " in err and message in err, err
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"max_grad_norm": -1.0},
+        {"max_grad_norm": float("nan")},
+        {"lr": float("inf")},
+        {"min_lr_ratio": float("nan")},
+        {"max_steps": -1},
+        {"ppo_epochs": 0},
+        {"group_size": 0},
+        {"use_vllm": "junk"},
+        {"dtype": "junk"},
+        {"difficulty": "abc"},
+        {"prompt_template": "{x}"},
+        {"data_path": "x.jsonl"},
+        {"max_steps": 3.0},  # not an int
+        {"max_steps": True},  # a bool is not an int
+        {"lora": "yes"},  # not a bool
+        {"loss": "nope=1"},
+        {"preset": "nope"},
+    ],
+)
+def test_config_built_in_code_is_checked(changes):
+    name = next(iter(changes))
+    with pytest.raises(ConfigError) as exc:
+        TrainConfig(**changes)
+    assert exc.value.field == name and f"{name}=" in str(exc.value)
+    with pytest.raises(ConfigError):
+        dataclasses.replace(TrainConfig(), **changes)
+
+
+def test_every_numeric_field_declares_its_range():
+    """A new numeric field must say what it accepts (a field without a declaration is still checked by type)."""
+    for name, spec in field_specs().items():
+        if spec.kind in (int, float):
+            assert any(isinstance(c, Range) for c in spec.checks), f"{name}: declare Annotated[..., Range(...)]"
+
+
+def test_field_without_declaration_is_checked_by_type():
+    @dataclass
+    class Extended(TrainConfig):
+        knob: int = 3  # a field added without a declared range
+        ratio: float = 0.5  # another
+
+    assert Extended(knob=-7, ratio=-2.0).knob == -7  # accepted as typed
+    for bad in ({"knob": "x"}, {"knob": 1.5}, {"ratio": float("nan")}, {"ratio": "0.5"}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            Extended(**bad)
+    with pytest.raises(ConfigError, match="max_grad_norm"):  # the declared checks still apply
+        Extended(max_grad_norm=-1.0)
+
+
+def test_good_values_parse():
+    cfg, over = parse_args(
+        [
+            "--max-steps=0",
+            "--max_grad_norm", "0.5",
+            "--top-p", "1",
+            "--lr", "1e-3",
+            "--group-size", "2",
+            "--backend", "torch",
+            "--device", "cuda:1",
+            "--prompt-template", "Q: {question} {{literal}}",
+            "--loss.epsilon-low", "0.3",  # the other spelling of a loss flag
+        ]
+    )  # fmt: skip
+    assert (cfg.max_steps, cfg.max_grad_norm, cfg.top_p, cfg.lr, cfg.group_size) == (0, 0.5, 1.0, 1e-3, 2)
+    assert cfg.backend == "torch" and cfg.device == "cuda:1" and over == {"epsilon_low": 0.3}
+
+
+def test_run_presets_and_static_lists_match_the_package():
+    import sgrpo_kernels
+    from sgrpo_kernels.rl import PRESETS, LossConfig
+    from train.model import resolve_dtype
+
+    assert set(PRESET_NAMES) == set(PRESETS)
+    assert set(BACKENDS) == set(sgrpo_kernels.available_backends())
+    import torch
+
+    for name in DTYPES:
+        resolve_dtype(name, torch.device("cpu"))
+    for name, values in RUN_PRESETS.items():
+        TrainConfig(**values)  # every preset value is in range
+        assert parse_args(["--run-preset", name])[0] == TrainConfig(**values)
+    assert [n for n, _, _ in loss_fields()] == [f.name for f in dataclasses.fields(LossConfig) if f.name != "name"]
+
+
+# ----------------------------------------------------------------------------------------------------- --help
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    res = subprocess.run([sys.executable, "-m", "train", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_help_one_spelling_default_accepted_and_description(help_text):
+    flat = _squash(help_text)
+    options = help_text.split("\noptions:\n", 1)[1]
+    docs = field_docs()
+    for f in dataclasses.fields(TrainConfig):
+        dashed, under = "--" + f.name.replace("_", "-"), "--" + f.name
+        assert options.count(f"  {dashed} ") + options.count(f"  {dashed}\n") == 1, dashed
+        if under != dashed:
+            assert under not in options, under  # one spelling shown (the other still parses)
+        assert docs[f.name], f"{f.name}: no # comment to describe it"
+        assert "".join(docs[f.name].split()) in "".join(flat.split()), f.name  # (argparse wraps at hyphens)
+    assert "[default: 30 (--run-preset smoke: 2, gpu: 200); accepts integer >= 0]" in flat
+    assert "[default: 1.0; accepts number > 0]" in flat  # --max-grad-norm
+    assert "accepts one of auto, on, off" in flat
+    for name, _, _ in loss_fields():
+        assert f"--loss.{name} V" in help_text
+    assert "KL coefficient (k3 against ref_logp)" in flat  # --loss.beta, from the LossConfig docstring
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['python -m train', '--help']\n"
+        "try:\n    runpy.run_module('train', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'sgrpo_kernels') if m in sys.modules)\n"
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "HEAVY=\n" in res.stderr + "\n", res.stderr[-500:]
+
+
+def test_parse_errors_import_no_model_stack():
+    """A refused flag is reported before torch is even imported (fast feedback)."""
+    code = (
+        "import sys\nfrom train.config import parse_args\n"
+        "try:\n    parse_args(['--max-grad-norm', '-1'])\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps(['torch' in sys.modules]))\n"
+    ).replace("import sys", "import json, sys")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [False], res.stderr
