@@ -268,3 +268,54 @@ def test_parse_errors_import_no_model_stack():
     ).replace("import sys", "import json, sys")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [False], res.stderr
+
+
+# ----------------------------------------------------------------------------------------------------- train.plot
+
+
+def _write_run(path: Path, n_steps: int, kl_every: int) -> Path:
+    path.mkdir(parents=True)
+    rows = [{"step": 0, "event": "eval", "eval_acc": 0.2, "eval_acc_se": 0.03}]
+    for s in range(1, n_steps + 1):
+        due = s % kl_every == 0 or s == n_steps
+        rows.append(
+            {
+                "step": s,
+                "reward_mean": s / n_steps,
+                "entropy_mean": 1.0 / s,
+                "grad_norm": float("nan") if s == 2 else 1.0,  # a skipped update
+                "kl_from_init": 0.01 * s if due else None,  # logged only when measured
+            }
+        )
+    rows.append({"step": n_steps, "event": "eval", "eval_acc": 0.5, "eval_acc_se": 0.035})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (path / "config.json").write_text(
+        json.dumps({"train": {"preset": "s_grpo", "model": "tiny", "task": "arithmetic"}})
+    )
+    return path
+
+
+def test_plot_draws_only_measured_points_and_full_windows():
+    from train.plot import measured, moving_average
+
+    recs = [{"step": 1, "k": None}, {"step": 2, "k": 1.0}, {"step": 3, "k": float("nan")}, {"step": 4, "k": 3.0}]
+    assert measured(recs, "k") == ([2, 4], [1.0, 3.0])
+    with pytest.raises(KeyError):
+        measured([{"step": 1}], "k")  # a renamed metric fails loudly
+    xs, ys = list(range(1, 8)), [float(v) for v in range(1, 8)]
+    assert moving_average(xs, ys, 5) == ([5, 6, 7], [3.0, 4.0, 5.0])  # 7 points, window 5: from the 5th point on
+    assert moving_average(xs[:4], ys[:4], 5) == ([], [])  # fewer points than the window: no average at all
+    assert moving_average(xs, ys, 1) == ([], [])
+
+
+def test_plot_with_unmeasured_kl(tmp_path):
+    """kl_from_init is null on steps without a probe: the plot skips them (it died on float(None))."""
+    from train.plot import _title, main
+
+    runs = [_write_run(tmp_path / "a", 7, 5), _write_run(tmp_path / "b", 3, 5)]
+    out = tmp_path / "p.png"
+    assert main([str(r) for r in runs] + ["-o", str(out), "--labels", "A", "B"]) == 0
+    assert out.stat().st_size > 10_000
+    assert _title([str(r) for r in runs]) == "s_grpo on tiny, arithmetic"
+    with pytest.raises(SystemExit):
+        main([str(runs[0]), "--labels", "A", "B"])
