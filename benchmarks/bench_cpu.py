@@ -1,7 +1,11 @@
 """CPU benchmark: the reference path (full logits) against the chunked `torch` backend at real LM-head shapes.
 
-    python -m benchmarks.bench_cpu                       # all shapes, writes benchmarks/results/cpu.{csv,md}
+    python -m benchmarks.bench_cpu                       # all shapes -> runs/bench/cpu.{csv,md} (scratch)
     python -m benchmarks.bench_cpu --models qwen2.5-0.5b --tokens 2048 --repeats 3
+    python -m benchmarks.bench_cpu --publish             # -> benchmarks/results/cpu.{csv,md} (the committed tables)
+
+A run writes to a scratch location unless asked (--publish, or --out PATH): the committed tables change only on
+purpose.
 
 - peak_extra_mb: one call per provider in a fresh subprocess; the peak resident memory during the call (VmHWM, reset
   just before it) minus the resident memory just before it (inputs already allocated), minus the size of the
@@ -27,6 +31,7 @@ from pathlib import Path
 from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, versions, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
+SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
 
 MODELS = {"smollm2-135m": (576, 49152), "qwen2.5-0.5b": (896, 151936)}
 PROVIDERS = ("reference", "torch")
@@ -131,15 +136,48 @@ def _agree(a: dict, b: dict) -> bool:
     return all(abs(a[k] - b[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_cpu",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="LM-head shapes")
+    p.add_argument("--tokens", nargs="+", type=_positive, default=[256, 1024, 2048], help="N, rows per call")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="what is timed")
+    p.add_argument("--repeats", type=_positive, default=3, help="timed calls per provider")
+    p.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls before them")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", default=SCRATCH, help="output path stem (.csv and .md are written); scratch")
+    where.add_argument(
+        "--publish",
+        action="store_true",
+        help="write the committed tables instead: benchmarks/results/cpu.{csv,md}",
+    )
+    return p
+
+
+def output_stem(args: argparse.Namespace) -> Path:
+    """The committed results with --publish, else --out (default: the scratch location under runs/)."""
+    return RESULTS / "cpu" if args.publish else Path(args.out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cpu", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--tokens", nargs="+", type=int, default=[256, 1024, 2048])
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--out", default=str(RESULTS / "cpu"), help="output path stem (.csv and .md are written)")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     rows = []
     configs = [(m, n, mode) for m in args.models for n in args.tokens for mode in args.modes]
@@ -165,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                 "versions": versions(), "git_sha": git_sha(),
             })
 
-    out = Path(args.out)
+    out = output_stem(args)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_csv(out.with_suffix(".csv"), rows)
     cols = ["model", "N", "mode", "provider", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_ref",
             "mem_vs_ref"]
