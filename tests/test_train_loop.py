@@ -230,7 +230,7 @@ def test_cli_overrides():
     assert cfg.loss_config(over).beta == 0.1
     with pytest.raises(SystemExit):
         parse_args(["--preset", "nope"])
-    with pytest.raises(ValueError):
+    with pytest.raises(SystemExit):  # the RL layer's message, as an argparse error
         parse_args(["--loss.epsilon_low", "2.0"])
 
 
@@ -298,13 +298,15 @@ def test_lora_and_multiple_epochs(tmp_path):
 
 def test_one_target_check_per_step(tmp_path, monkeypatch):
     """old_logp, ref_logp, both PPO epochs' losses and the KL probe run on the same targets: the range check (one
-    host sync) runs on the first of them only."""
+    host sync) runs on the first of them only. Counted between consecutive step records (a step's rollout, update
+    and KL probe; the held-out evals call no log-prob op)."""
     import sgrpo_kernels.ops as ops
     import train.setup as setup_module
+    from train.metrics import MetricsLog
 
     monkeypatch.delenv("SGRPO_CHECK_TARGETS", raising=False)
-    checks, per_step, ops_calls = [0], [], [0]
-    real_check, real_step, real_ll = ops.check_target_values, loop.train_step, setup_module.linear_logprobs
+    checks, ops_calls, per_step, last = [0], [0], [], [None]
+    real_check, real_ll, real_write = ops.check_target_values, setup_module.linear_logprobs, MetricsLog.write
 
     def counting_check(*args, **kwargs):
         checks[0] += 1
@@ -314,15 +316,15 @@ def test_one_target_check_per_step(tmp_path, monkeypatch):
         ops_calls[0] += 1
         return real_ll(*args, **kwargs)
 
-    def counted_step(run, state):
-        before, calls = checks[0], ops_calls[0]
-        record = real_step(run, state)
-        per_step.append((checks[0] - before, ops_calls[0] - calls))
-        return record
+    def counting_write(self, record):
+        if last[0] is not None and record.get("event") != "eval":
+            per_step.append((checks[0] - last[0][0], ops_calls[0] - last[0][1]))
+        last[0] = (checks[0], ops_calls[0])
+        return real_write(self, record)
 
     monkeypatch.setattr(ops, "check_target_values", counting_check)
-    monkeypatch.setattr(loop, "train_step", counted_step)
     monkeypatch.setattr(setup_module, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
+    monkeypatch.setattr(MetricsLog, "write", counting_write)
     loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=2, ppo_epochs=2, kl_every=1, eval_k=0))
     assert per_step == [(1, 3), (1, 3)]  # 3 forward-only calls + 2 losses per step, one check
     assert checks[0] == 1 + 2  # + the probe's own check when it was created
@@ -351,8 +353,10 @@ def test_metrics_log_fresh_and_resumed(tmp_path):
         for step in (0, 1, 2, 3):
             log.write({"step": step, "x": step})
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1, 2, 3]
-    with MetricsLog(path, resume_step=2) as log:  # resumed at the step-2 checkpoint: step 3 is written again
+    with MetricsLog(path, keep_lines=3) as log:  # resumed from a checkpoint that had written 3 records
+        assert log.lines == 3
         log.write({"step": 3, "x": 30})
+        assert log.lines == 4
     assert [json.loads(x)["x"] for x in path.read_text().splitlines()] == [0, 1, 2, 30]
     with pytest.raises(RuntimeError):
         log.write({"step": 4})

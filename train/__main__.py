@@ -1,17 +1,32 @@
-"""`python -m train [--preset s_grpo] [--max-steps N] ...`: see `python -m train --help`."""
+"""`python -m train [--preset s_grpo] [--max-steps N] ...`: see `python -m train --help`.
+
+Exit status: 0 done; 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM (the run is checkpointed: continue with
+--resume); 2 refused before starting (output directory in use or holding another run, --resume with a different
+configuration); 1 any other failure (the message says what was saved)."""
 
 from __future__ import annotations
 
 import sys
 
 from train.config import parse_args
-from train.loop import train
+from train.errors import TrainError
+from train.signals import EXIT_CODES, signal_name
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg, loss_overrides = parse_args(argv)
-    train(cfg, loss_overrides)
-    return 0
+    from train.loop import train  # after the CLI: --help does not import the model stack
+
+    try:
+        summary = train(cfg, loss_overrides)
+    except TrainError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as exc:  # before the loop started (loading, the probe): nothing was saved
+        name = signal_name(exc)
+        print(f"\n{name} during setup: stopped before training; nothing was saved", file=sys.stderr)
+        return EXIT_CODES[name]
+    return EXIT_CODES[summary["signal"]] if summary["interrupted"] else 0
 
 
 if __name__ == "__main__":

@@ -1,54 +1,245 @@
-"""Checkpoints: OUTPUT_DIR/checkpoint/state.pt (trained weights, optimizer, scheduler, RNG states, step, history) and
-the RNG snapshot it stores, so that --resume replays the next step exactly."""
+"""Checkpoints and the KL probe file, as plain tensors and containers only.
+
+OUTPUT_DIR/checkpoint/state.pt holds one consistent state of a run: the trained weights, optimizer, scheduler, the RNG
+states to continue from, the step, the loop's bookkeeping (which phases of that step are still to run, the metrics
+records written) and the configuration it was trained with. OUTPUT_DIR/probe.pt holds the KL-from-init probe.
+
+Both are read with `torch.load(weights_only=True)`: a file from the run directory is data, never code (a pickled
+object in it is refused, not executed). Both are written atomically: to `NAME.tmp`, flushed to disk, then renamed over
+the previous file, which stays intact until the new one is complete.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from pathlib import Path
 
 import torch
+from torch import Tensor
+
+from train.errors import TrainError
+
+FORMAT = 2  # of state.pt; 1 = the checkpoints before it (refused: full pickles, read without weights_only)
+STATE_FILE = "state.pt"
+LOOP_KEYS = ("pending", "record", "history", "before", "after", "finished", "log_lines", "stopped_by_time_budget")
+
+
+class CheckpointError(TrainError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------- RNG states
 
 
 def rng_snapshot(task_rng: random.Random) -> dict:
-    """Every generator a training step draws from: torch (sampling), the task's problem sampler, CUDA."""
+    """Every generator a training step draws from: torch (sampling), the task's problem sampler, CUDA. Plain values:
+    the `random.Random` state as [version, [625 ints], gauss_next]."""
+    version, internal, gauss = task_rng.getstate()
     return {
-        "torch_rng": torch.get_rng_state(),
-        "task_rng": task_rng.getstate(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "torch": torch.get_rng_state(),
+        "task": [version, list(internal), gauss],
+        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else None,
     }
 
 
-def save_checkpoint(path: Path, model, optimizer, scheduler, step: int, rngs: dict, history, cfg):
-    """`rngs` is the RNG state at the *start* of step `step + 1` (a Ctrl-C mid-step has already advanced the live
-    generators), so --resume replays that step exactly."""
-    path.mkdir(parents=True, exist_ok=True)
+def restore_rng(rngs: dict, task_rng: random.Random) -> None:
+    torch.set_rng_state(rngs["torch"])
+    if rngs["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rngs["cuda"])
+    version, internal, gauss = rngs["task"]
+    task_rng.setstate((version, tuple(internal), gauss))
+
+
+# ----------------------------------------------------------------------------------------------------- files
+
+
+def atomic_save(obj, file: Path) -> None:
+    """torch.save to FILE.tmp, fsync, rename over FILE. On any failure the temporary file is removed and FILE is left
+    as it was; an OSError (disk full, ...) becomes a CheckpointError that says so."""
+    tmp = file.with_name(file.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, file)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            kept = f"the previous {file.name} is unchanged" if file.exists() else f"there is no {file.name}"
+            raise CheckpointError(f"could not write {file}: {exc} ({kept})") from exc
+        raise
+    try:  # the rename itself on disk
+        dir_fd = os.open(file.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:  # pragma: no cover -- platforms without directory fsync
+        pass
+
+
+def safe_load(file: Path, what: str) -> dict:
+    """torch.load(weights_only=True) of a dict: tensors, numbers, strings, lists, tuples, dicts; anything else (a
+    pickled object, a torn or foreign file) is a CheckpointError naming the file. Nothing in the file is executed."""
+    try:
+        obj = torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- UnpicklingError, RuntimeError (torn zip), EOFError, ...
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{file} is not a valid {what} (only plain tensors and containers are read, nothing is executed): {first}"
+        ) from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{file} is not a valid {what}: it holds a {type(obj).__name__}, not a dict")
+    return obj
+
+
+def _require(cond: bool, file: Path, what: str, problem: str) -> None:
+    if not cond:
+        raise CheckpointError(f"{file} is not a valid {what}: {problem}")
+
+
+# ----------------------------------------------------------------------------------------------------- state.pt
+
+
+def save_checkpoint(
+    directory: Path, *, model, optimizer, scheduler, step: int, rngs: dict, loop: dict, cfg, loss_cfg
+) -> Path:
+    """Write directory/state.pt. Refuses (CheckpointError) to save a non-finite trained weight: the last good
+    checkpoint stays."""
+    file = Path(directory) / STATE_FILE
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    state = {
+    bad = [n for n, t in trainable.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(
+            f"refusing to save non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}) to "
+            f"{file}; the last good checkpoint stays"
+        )
+    payload = {
+        "format": FORMAT,
         "step": step,
         "trainable": trainable,  # full weights of trained layers, or the LoRA adapter; frozen ones are the base model
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        **rngs,
-        "history": history,
+        "rng": rngs,
+        "loop": {k: loop[k] for k in LOOP_KEYS},
         "config": dataclasses.asdict(cfg),
+        "loss_config": dataclasses.asdict(loss_cfg),
     }
-    tmp = path / "state.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(path / "state.pt")  # atomic: a Ctrl-C during the save never leaves a torn checkpoint
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    atomic_save(payload, file)
+    return file
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, task_rng: random.Random):
-    """Restore what `save_checkpoint` wrote (weights, optimizer, scheduler, RNG states); returns (step, history)."""
-    state = torch.load(path / "state.pt", weights_only=False)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state["trainable"].items():
-            params[name].copy_(value)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    task_rng.setstate(state["task_rng"])
-    return state["step"], state["history"]
+def read_checkpoint(file: Path) -> dict:
+    """Load and check state.pt (structure and types; weights_only). Raises FileNotFoundError or CheckpointError."""
+    file, what = Path(file), "checkpoint of this trainer"
+    ck = safe_load(file, what)
+    _require(
+        ck.get("format") == FORMAT,
+        file,
+        what,
+        f"format {ck.get('format', 1)!r}, this trainer reads format {FORMAT} (checkpoints written before it were "
+        "pickles and are not loaded)",
+    )
+    types = {
+        "step": int,
+        "trainable": dict,
+        "optimizer": dict,
+        "scheduler": dict,
+        "rng": dict,
+        "loop": dict,
+        "config": dict,
+        "loss_config": dict,
+    }
+    for key, typ in types.items():
+        _require(isinstance(ck.get(key), typ), file, what, f"{key!r} missing or not a {typ.__name__}")
+    _require(ck["step"] >= 0, file, what, "negative step")
+    _require(
+        all(isinstance(k, str) and isinstance(v, Tensor) for k, v in ck["trainable"].items()),
+        file,
+        what,
+        "'trainable' must map names to tensors",
+    )
+    rng = ck["rng"]
+    _require(isinstance(rng.get("torch"), Tensor) and rng["torch"].dtype == torch.uint8, file, what, "bad torch RNG")
+    task = rng.get("task")
+    _require(
+        isinstance(task, list | tuple)
+        and len(task) == 3
+        and isinstance(task[0], int)
+        and isinstance(task[1], list | tuple)
+        and all(isinstance(x, int) for x in task[1])
+        and (task[2] is None or isinstance(task[2], float)),
+        file,
+        what,
+        "bad task RNG state",
+    )
+    cuda = rng.get("cuda")
+    _require(cuda is None or (isinstance(cuda, list) and all(isinstance(t, Tensor) for t in cuda)), file, what, "cuda")
+    loop = ck["loop"]
+    _require(all(k in loop for k in LOOP_KEYS), file, what, f"'loop' lacks {[k for k in LOOP_KEYS if k not in loop]}")
+    _require(
+        isinstance(loop["pending"], list) and all(isinstance(p, str) for p in loop["pending"]), file, what, "pending"
+    )
+    _require(loop["record"] is None or isinstance(loop["record"], dict), file, what, "record")
+    _require(isinstance(loop["history"], list), file, what, "history")
+    _require(isinstance(loop["log_lines"], int) and loop["log_lines"] >= 0, file, what, "log_lines")
+    return ck
+
+
+def restore_checkpoint(ck: dict, file: Path, model, optimizer, scheduler, task_rng: random.Random) -> None:
+    """Put a `read_checkpoint` state into the model (trained weights, by name and shape), optimizer, scheduler and the
+    RNGs."""
+    what = "checkpoint for this model"
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    saved = ck["trainable"]
+    _require(
+        set(saved) == set(params),
+        file,
+        what,
+        f"its trained parameters differ from this run's (missing {sorted(set(params) - set(saved))[:3]}, "
+        f"unknown {sorted(set(saved) - set(params))[:3]})",
+    )
+    for name, value in saved.items():
+        _require(value.shape == params[name].shape, file, what, f"{name} has shape {tuple(value.shape)}")
+        _require(bool(torch.isfinite(value).all()), file, what, f"{name} holds non-finite values")
+    try:
+        with torch.no_grad():
+            for name, value in saved.items():
+                params[name].copy_(value)
+        optimizer.load_state_dict(ck["optimizer"])
+        scheduler.load_state_dict(ck["scheduler"])
+        restore_rng(ck["rng"], task_rng)
+    except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"{file}: could not restore the run from it: {type(exc).__name__}: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------------------------------- probe.pt
+
+PROBE_TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards", "correct", "logp0")
+
+
+def save_probe(file: Path, batch, logp0: Tensor) -> None:
+    """The KL probe (a rollout `Batch` and its initial log-probs) as a dict of tensors and the list of texts."""
+    payload = {"format": 1, "texts": list(batch.texts), "logp0": logp0.detach().cpu()}
+    payload |= {k: getattr(batch, k).detach().cpu() for k in PROBE_TENSORS if k != "logp0"}
+    atomic_save(payload, Path(file))
+
+
+def load_probe(file: Path) -> dict:
+    """-> {"texts": [...], "prompt_ids": ..., ..., "logp0": ...} on the CPU, checked; see `save_probe`."""
+    file, what = Path(file), "KL probe file"
+    pr = safe_load(file, what)
+    _require(pr.get("format") == 1, file, what, f"format {pr.get('format')!r}")
+    for k in PROBE_TENSORS:
+        _require(isinstance(pr.get(k), Tensor), file, what, f"{k!r} missing or not a tensor")
+    _require(isinstance(pr.get("texts"), list) and all(isinstance(t, str) for t in pr["texts"]), file, what, "texts")
+    n, t = pr["completion_ids"].shape if pr["completion_ids"].dim() == 2 else (-1, -1)
+    _require(n == len(pr["texts"]) and pr["completion_mask"].shape == (n, t), file, what, "inconsistent shapes")
+    _require(pr["logp0"].shape == (n, t) and pr["completion_mask"].dtype == torch.bool, file, what, "logp0 / mask")
+    return pr

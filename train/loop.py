@@ -1,12 +1,22 @@
-"""The training loop: per step `train_step` (rollout -> advantages and conflict weights -> sgrpo_loss on hidden states
--> optimizer step -> one metrics record), collapse detection, periodic held-out evaluation and checkpoints, around
-`setup` (train/setup.py), `evaluate` (train/evaluate.py), checkpoints (train/checkpoint.py) and metrics.jsonl
-(train/metrics.py). Read `train()` at the bottom first."""
+"""The training loop. Read `train()` at the bottom first.
+
+A run is a sequence of phases. Step k is `train_step` (rollout -> advantages and conflict weights -> sgrpo_loss on
+hidden states -> optimizer step), which ends by *committing* the step: from then on the state says "k steps done",
+with the RNG states after step k and the step's phases still to run, in this order, each when due: "kl" (the
+KL-from-init probe), "log" (the step's metrics record), "eval" (periodic held-out eval), "save" (checkpoint). Before
+step 1 runs "before" (held-out eval); after the last step "save", "after" (held-out eval), "save".
+
+A checkpoint holds that state as one consistent tuple (step, RNG, weights, optimizer, pending phases, records
+written). Each phase does its work first (interruptible: it stays pending) and then, with signals held
+(train/signals.py), its bookkeeping; an optimizer step holds signals until its commit. So a Ctrl-C or SIGTERM anywhere
+saves a state that `--resume` continues exactly as the uninterrupted run would have gone on.
+
+setup: train/setup.py; evaluation: train/evaluate.py; files: train/checkpoint.py, train/metrics.py, train/rundir.py.
+"""
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import time
 import warnings
@@ -17,13 +27,25 @@ from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats, prepare_groups
-from train.checkpoint import load_checkpoint, rng_snapshot, save_checkpoint
+from train.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, rng_snapshot, save_checkpoint
 from train.config import TrainConfig
+from train.errors import TrainError
 from train.evaluate import compare_heldout, heldout_eval
-from train.metrics import MetricsLog
+from train.lock import RunLock
+from train.metrics import MetricsLog, write_json
 from train.model import head_weight
 from train.rollout import Batch, rollout
-from train.setup import Run, completion_hidden, completion_targets, kl_from_init, setup, token_logprobs
+from train.rundir import open_output_dir
+from train.setup import (
+    Run,
+    completion_hidden,
+    completion_targets,
+    kl_from_init,
+    progress_bar,
+    setup,
+    token_logprobs,
+)
+from train.signals import STOP, signal_name
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
@@ -37,9 +59,6 @@ def peak_mem_mb(device: torch.device) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     except ImportError:  # pragma: no cover
         return float("nan")
-
-
-HISTORY_KEYS = ("entropy_mean", "zero_var_frac", "accuracy", "kl_from_init")  # per step, kept in the checkpoint
 
 
 def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
@@ -57,28 +76,62 @@ def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
 
 # ----------------------------------------------------------------------------------------------------- state
 
+PHASES = ("before", "kl", "log", "eval", "save", "after")
+
 
 @dataclass
 class LoopState:
-    """What the loop carries from step to step (and a checkpoint saves): steps done, the per-step history of the
-    collapse rule, the last KL-from-init measured."""
+    """What the loop carries from phase to phase; a checkpoint saves all of it but the last two fields."""
 
-    step: int = 0
-    history: list[dict] = field(default_factory=list)
-    kl_from_init: float = 0.0
-
-
-def resume(run: Run) -> LoopState:
-    """--resume: weights, optimizer, scheduler, RNG states, step and history from OUTPUT_DIR/checkpoint."""
-    if not (run.ckpt_dir / "state.pt").exists():
-        raise FileNotFoundError(f"--resume: no checkpoint at {run.ckpt_dir / 'state.pt'}")
-    step, history = load_checkpoint(run.ckpt_dir, run.model, run.optimizer, run.scheduler, run.task_rng)
-    print(f"resumed from step {step}")
-    return LoopState(step, history, history[-1]["kl_from_init"] if history else 0.0)
+    step: int  # steps committed
+    rngs: dict  # the RNG states to continue from: after step `step`'s update (= the start of step `step + 1`)
+    pending: list[str]  # phases still to run (see PHASES), in order
+    record: dict | None = None  # step `step`'s metrics record until its "log" phase writes it
+    history: list[dict] = field(default_factory=list)  # per step HISTORY_KEYS, for the collapse rule
+    before: dict | None = None  # the held-out eval before training
+    after: dict | None = None  # the held-out eval after training (of step `step` when `finished`)
+    finished: bool = False  # "after" has run for `step`
+    stopped_by_time_budget: bool = False
+    saved_step: int | None = None  # not saved: the step of the last checkpoint written (or resumed from)
+    torn: bool = False  # not saved: an exception hit between an optimizer step and its commit; nothing to checkpoint
 
 
-def save(run: Run, state: LoopState, rngs: dict) -> None:
-    save_checkpoint(run.ckpt_dir, run.model, run.optimizer, run.scheduler, state.step, rngs, state.history, run.cfg)
+def fresh_state(run: Run) -> LoopState:
+    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), pending=["before"])
+
+
+def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
+    """--resume: weights, optimizer, scheduler, RNG states and the loop state from a `read_checkpoint` dict (already
+    checked against the configuration by `open_output_dir`) -> (state, records of metrics.jsonl to keep)."""
+    file = run.ckpt_dir / STATE_FILE
+    loop = ckpt["loop"]
+    unknown = [p for p in loop["pending"] if p not in PHASES]
+    if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
+        raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
+    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
+    if run.engine is not None:
+        run.engine.sync(run.model)
+    state = LoopState(step=ckpt["step"], rngs=ckpt["rng"], **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
+    state.saved_step = state.step
+    todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
+    print(f"resumed from step {state.step}{todo}")
+    return state, loop["log_lines"]
+
+
+def save(run: Run, state: LoopState, log: MetricsLog) -> None:
+    loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
+    save_checkpoint(
+        run.ckpt_dir,
+        model=run.model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        step=state.step,
+        rngs=state.rngs,
+        loop=loop,
+        cfg=run.cfg,
+        loss_cfg=run.loss_cfg,
+    )
+    state.saved_step = state.step
 
 
 # ----------------------------------------------------------------------------------------------------- one step
@@ -90,13 +143,16 @@ class Update:
 
     metrics: dict[str, Tensor] | None  # sgrpo_loss metrics of the last epoch (also a skipped one); None: no epoch ran
     grad_norm: float  # pre-clip norm of the last epoch that got a gradient; nan when none did
-    skipped: int  # epochs whose non-finite loss or gradient was dropped
+    skipped: int  # epochs whose update was dropped (non-finite loss, gradient, or weights after the step)
+    notes: list[str]  # what was skipped and why, for the log
 
 
-def policy_update(run: Run, batch: Batch, groups: GroupSignals) -> Update:
+def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals) -> Update:
     """`ppo_epochs` optimizer steps on one rollout batch, then the schedule's step. A non-finite loss or gradient
-    skips that epoch's update (weights and Adam state untouched). The targets' range is checked by the first op call
-    only: one host sync per step."""
+    skips that epoch's update (weights and Adam state untouched); so does an optimizer step that leaves a weight
+    non-finite (undone by `run.guard`; with --step-guard false the run stops instead). Signals are held from the
+    first optimizer step on (`train_step` releases them after its commit). The targets' range is checked by the first
+    op call only: one host sync per step."""
     cfg, model, G = run.cfg, run.model, run.cfg.group_size
     targets = completion_targets(batch)
     check = itertools.chain([None], itertools.repeat(False))  # None: env SGRPO_CHECK_TARGETS (default on)
@@ -107,41 +163,74 @@ def policy_update(run: Run, batch: Batch, groups: GroupSignals) -> Update:
         ref_logp = token_logprobs(run.ref_model, batch, cfg.temperature, cfg.backend, G, next(check))
 
     model.train()
-    skipped, grad_norm, metrics = 0, float("nan"), None
-    for _ in range(cfg.ppo_epochs):
-        run.optimizer.zero_grad(set_to_none=True)
-        hidden = completion_hidden(model, batch, G)  # [N, T, D]: the policy forward never makes logits
-        loss, metrics = sgrpo_loss(
-            hidden,
-            head_weight(model),
-            targets,
-            groups.advantages,
-            batch.completion_mask,
-            run.loss_cfg,
-            temperature=cfg.temperature,
-            old_logp=old_logp,
-            ref_logp=ref_logp,
-            **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
-            compute_entropy=True,
-            backend=cfg.backend,
-            check_targets=next(check),
-        )
-        if not torch.isfinite(loss):
-            skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
-            continue
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm)
-        grad_norm = float(norm)
-        if not math.isfinite(grad_norm):
-            skipped += 1  # non-finite gradient: drop it (Adam state and weights untouched)
+    skipped, grad_norm, metrics, notes = 0, float("nan"), None, []
+    applied = False  # an optimizer step of this batch may have changed the weights
+    try:
+        for epoch in range(cfg.ppo_epochs):
+            which = f"epoch {epoch + 1}/{cfg.ppo_epochs}"
             run.optimizer.zero_grad(set_to_none=True)
-            continue
-        run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-        run.scheduler.step()
-    return Update(metrics, grad_norm, skipped)
+            hidden = completion_hidden(model, batch, G)  # [N, T, D]: the policy forward never makes logits
+            loss, metrics = sgrpo_loss(
+                hidden,
+                head_weight(model),
+                targets,
+                groups.advantages,
+                batch.completion_mask,
+                run.loss_cfg,
+                temperature=cfg.temperature,
+                old_logp=old_logp,
+                ref_logp=ref_logp,
+                **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
+                compute_entropy=True,
+                backend=cfg.backend,
+                check_targets=next(check),
+            )
+            if not torch.isfinite(loss):
+                skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
+                notes.append(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
+                continue
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm))
+            if not math.isfinite(grad_norm):
+                skipped += 1  # non-finite gradient: drop it (Adam state and weights untouched)
+                notes.append(f"{which}: gradient norm {grad_norm}: no optimizer step")
+                run.optimizer.zero_grad(set_to_none=True)
+                continue
+            STOP.hold()  # from the first optimizer step to the step's commit, a Ctrl-C / SIGTERM waits
+            if cfg.step_guard:
+                run.guard.take()
+            before, applied = applied, True
+            try:
+                run.optimizer.step()
+            except BaseException:
+                if cfg.step_guard and not before:  # cut short inside the batch's first step: undo it entirely
+                    run.guard.restore()
+                    applied = False
+                raise
+            bad = run.guard.non_finite()
+            if bad:
+                names = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+                if not cfg.step_guard:
+                    raise TrainError(
+                        f"the optimizer step of step {state.step + 1} ({which}) made {len(bad)} weight tensor(s) "
+                        f"non-finite ({names}); stopping (--step-guard false). Nothing non-finite is saved: the "
+                        f"last checkpoint (step {state.saved_step}) stays."
+                    )
+                run.guard.restore()
+                applied = before
+                skipped += 1
+                notes.append(
+                    f"{which}: the optimizer step made {len(bad)} weight tensor(s) non-finite ({names}): undone "
+                    "(weights and optimizer state restored)"
+                )
+        run.optimizer.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            run.scheduler.step()
+    except BaseException:
+        state.torn = applied  # weights moved by a step that will never be committed: no checkpoint of this state
+        raise
+    return Update(metrics, grad_norm, skipped, notes)
 
 
 # The loss values of a record when no loss was computed (ppo_epochs = 0): what such a record has always said.
@@ -156,10 +245,11 @@ NO_LOSS = {
 
 
 def step_record(
-    run: Run, state: LoopState, batch: Batch, groups: GroupSignals, update: Update, t0: float, t_gen: float
+    run: Run, step: int, batch: Batch, groups: GroupSignals, update: Update, t0: float, t_gen: float
 ) -> dict:
-    """The metrics.jsonl record of a step. The device-side numbers (advantage stats, the last epoch's loss metrics,
-    the token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here."""
+    """The metrics.jsonl record of a step (its "kl" phase fills in `kl_from_init`, null on steps without a probe;
+    its "log" phase adds `collapse`). The device-side numbers (advantage stats, the last epoch's loss metrics, the
+    token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here."""
     on_device = {"zero_var_frac": groups.stats["zero_variance_frac"], "n_tok": batch.completion_mask.sum()}
     m = update.metrics
     if m is not None:
@@ -176,7 +266,7 @@ def step_record(
     n_tok = int(v["n_tok"])
     step_s = time.time() - t0
     return {
-        "step": state.step,
+        "step": step,
         "reward_mean": float(batch.rewards.mean()),
         "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
         "accuracy": float(batch.correct.float().mean()),
@@ -187,7 +277,7 @@ def step_record(
         "masked_frac": lv["masked_frac"],
         "filtered_frac": lv["filtered_frac"],
         "completion_len": n_tok / len(batch.texts),
-        "kl_from_init": state.kl_from_init,
+        "kl_from_init": None,  # measured by the "kl" phase on the steps it is due
         "loss": lv["loss"],
         "kl_ref": lv["kl_ref"],
         "lr": run.scheduler.get_last_lr()[0],
@@ -200,10 +290,20 @@ def step_record(
     }
 
 
-def train_step(run: Run, state: LoopState) -> dict:
-    """One RL step: rollout -> advantages and conflict weights (`prepare_groups`) -> `policy_update` -> the KL probe
-    when due -> the step's metrics record (with the collapse flag). `state.step` counts the step as soon as the
-    weights have moved, so a Ctrl-C after that checkpoints it."""
+def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:
+    """The phases due after step `step`'s optimizer step, in order."""
+    phases = ["kl"] if cfg.kl_every and (step % cfg.kl_every == 0 or step == cfg.max_steps) else []
+    phases.append("log")
+    if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.max_steps:  # the last step has the final eval
+        phases.append("eval")
+    if cfg.save_every and step % cfg.save_every == 0:
+        phases.append("save")
+    return phases
+
+
+def train_step(run: Run, state: LoopState) -> None:
+    """Step `state.step + 1` up to its commit: rollout -> advantages and conflict weights (`prepare_groups`) ->
+    `policy_update`; then, with signals held, the step counts: step, RNG states after it, its record, its phases."""
     cfg = run.cfg
     t0 = time.time()
     problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
@@ -222,87 +322,201 @@ def train_step(run: Run, state: LoopState) -> dict:
     t_gen = time.time() - t0
     rewards = batch.rewards.to(run.device)
     groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
-    update = policy_update(run, batch, groups)
-    if run.engine is not None:
-        run.engine.sync(run.model)
-    state.step += 1
+    update = None
+    try:
+        update = policy_update(run, state, batch, groups)  # holds signals from its first optimizer step on
+        STOP.hold()
+        record = step_record(run, state.step + 1, batch, groups, update, t0, t_gen)
+    except BaseException:
+        STOP.release(raise_pending=False)
+        if update is not None and update.skipped < cfg.ppo_epochs:
+            state.torn = True  # an optimizer step was applied but cannot be counted
+        raise
+    state.step += 1  # the commit
+    state.rngs = rng_snapshot(run.task_rng)
+    state.record = record
+    state.pending = post_step_phases(cfg, state.step)
+    state.finished = state.stopped_by_time_budget = False
+    try:
+        for note in update.notes:
+            print(f"step {state.step}: update skipped, {note}")
+        if run.engine is not None:  # after the commit: a failure here leaves a state that can be checkpointed
+            run.engine.sync(run.model)
+    except BaseException:
+        STOP.release(raise_pending=False)
+        raise
+    STOP.release()  # a Ctrl-C / SIGTERM that came during the update stops the run now, with the step counted
 
-    if cfg.kl_every and (state.step % cfg.kl_every == 0 or state.step == cfg.max_steps):
-        state.kl_from_init = kl_from_init(run)
-    record = step_record(run, state, batch, groups, update, t0, t_gen)
-    state.history.append({k: record[k] for k in HISTORY_KEYS})
-    record["collapse"] = is_collapsed(state.history, cfg)
-    if update.skipped:
-        print(f"step {state.step}: non-finite loss or gradient, {update.skipped} update(s) skipped")
-    return record
+
+HISTORY_KEYS = ("entropy_mean", "zero_var_frac", "accuracy")  # per step, kept in the checkpoint
+
+
+def run_phase(run: Run, state: LoopState, log: MetricsLog, bar: TrainBar) -> None:
+    """Runs the first pending phase: its work (interruptible: the phase stays pending, a resume runs it again), then,
+    with signals held, its bookkeeping (so a checkpoint sees the phase either done or not done)."""
+    phase = state.pending[0]
+    if phase == "save":
+        state.pending.pop(0)  # the checkpoint it writes has it done (a failed save is reported, the old one stays)
+        save(run, state, log)
+        return
+    t = time.time()
+    result = None
+    if phase == "kl" and run.probe is not None:  # (no probe: --kl-every 0 on a resume; nothing to measure)
+        result = kl_from_init(run)
+    elif phase in ("before", "eval", "after"):
+        result = heldout_eval(run, state.step, phase if phase != "eval" else None)
+    with STOP.held():
+        rec = state.record
+        if phase == "kl":
+            rec["kl_from_init"] = result
+            dt = time.time() - t  # the probe's time is part of the step's
+            rec["tokens_per_s"] *= rec["step_s"] / (rec["step_s"] + dt)
+            rec["step_s"] += dt
+        elif phase == "log":
+            state.history.append({k: rec[k] for k in HISTORY_KEYS})
+            rec["collapse"] = is_collapsed(state.history, run.cfg)
+            log.write(rec)
+            state.record = None
+            bar.step(rec)
+        else:
+            log.write(result)
+            ev = {k: v for k, v in result.items() if k not in ("step", "event")}
+            if phase == "before":
+                state.before = ev
+            elif phase == "after":
+                state.after, state.finished = ev, True
+        state.pending.pop(0)
+
+
+def over_budget(cfg: TrainConfig, state: LoopState, t_train: float) -> bool:
+    if not cfg.time_budget_s or time.time() - t_train <= cfg.time_budget_s:
+        return False
+    if not state.stopped_by_time_budget:
+        print(f"\ntime budget of {cfg.time_budget_s:.0f}s reached after {state.step} steps")
+        state.stopped_by_time_budget = True
+    return True
+
+
+def run_to_end(run: Run, state: LoopState, log: MetricsLog, bar: TrainBar) -> None:
+    """Pending phases first, then steps until `max_steps` or the time budget, then the final phases."""
+    t_train = time.time()
+    while True:
+        if state.pending:
+            run_phase(run, state, log, bar)
+        elif state.step < run.cfg.max_steps and not over_budget(run.cfg, state, t_train):
+            train_step(run, state)
+        elif not state.finished:  # training is over: checkpoint it (unless just done), the final eval, checkpoint
+            state.pending = (["save"] if state.saved_step != state.step else []) + ["after", "save"]
+        else:
+            return
 
 
 # ----------------------------------------------------------------------------------------------------- reporting
-def progress_bar(cfg: TrainConfig, start: int, name: str):
-    if not cfg.progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=cfg.max_steps, initial=start, desc=f"{name}", dynamic_ncols=True)
 
 
-def show_progress(bar, record: dict) -> None:
-    if bar is not None:
-        bar.set_postfix(
+def bar_total(cfg: TrainConfig, start: int, step: int, elapsed: float) -> int:
+    """The training bar's total: `max_steps`; with a time budget, the step at which the budget stops training at the
+    pace so far when that comes first (a step starts while the budget is not spent), so the bar's ETA is the run's."""
+    if not cfg.time_budget_s or step <= start:
+        return cfg.max_steps
+    left = cfg.time_budget_s - elapsed
+    more = math.floor(left / (elapsed / (step - start))) + 1 if left >= 0 else 0
+    return max(step, min(cfg.max_steps, step + more))
+
+
+class TrainBar:
+    """The training progress bar (tqdm, when `cfg.progress`): reward, entropy, grad norm; ETA within the budget."""
+
+    def __init__(self, cfg: TrainConfig, start: int, name: str):
+        self.cfg, self.start, self.t0 = cfg, start, time.time()
+        self.bar = progress_bar(cfg, cfg.max_steps, name, initial=start, leave=True)
+
+    def step(self, record: dict) -> None:
+        if self.bar is None:
+            return
+        self.bar.set_postfix(
             reward=f"{record['reward_mean']:.2f}",
             H=f"{record['entropy_mean']:.2f}",
             gn=f"{record['grad_norm']:.2f}",
             refresh=False,
         )
-        bar.update(1)
+        self.bar.total = bar_total(self.cfg, self.start, record["step"], time.time() - self.t0)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def emergency_save(run: Run, state: LoopState, log: MetricsLog, exc: BaseException) -> None:
+    """On an interrupt or an error: checkpoint the state when it is consistent; say what happened either way. A
+    second signal during the save waits for it (then is dropped)."""
+    what = signal_name(exc) if isinstance(exc, KeyboardInterrupt) else f"error ({type(exc).__name__})"
+    last = f"the last checkpoint (step {state.saved_step}) stays" if state.saved_step is not None else "no checkpoint"
+    if state.torn:
+        print(f"\n{what} inside the optimizer update of step {state.step + 1}: nothing to save; {last}")
+        return
+    if isinstance(exc, CheckpointError):  # the save itself failed: its message says what is left
+        return
+    print(f"\n{what}: saving a checkpoint at step {state.step} (continue with --resume)")
+    STOP.hold()
+    try:
+        save(run, state, log)
+    except CheckpointError as err:
+        print(f"checkpoint not saved: {err}")
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    finally:
+        STOP.release(raise_pending=False)
+
+
+def write_summary(run: Run, state: LoopState, stopped_by: str | None, t_start: float) -> dict:
+    summary: dict = {"output_dir": str(run.out_dir), "preset": run.loss_cfg.name, "model": run.cfg.model}
+    if state.before is not None:
+        summary["before"] = state.before
+    summary["steps"] = state.step
+    if state.finished:
+        summary["after"] = state.after
+        if state.before is not None:
+            compare_heldout(summary)
+    if state.stopped_by_time_budget:
+        summary["stopped_by_time_budget"] = True
+    summary["wall_s"] = time.time() - t_start
+    summary["interrupted"] = stopped_by is not None
+    summary["signal"] = stopped_by
+    write_json(run.out_dir / "summary.json", summary, indent=2)
+    return summary
 
 
 # ----------------------------------------------------------------------------------------------------- the loop
 
 
 def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> dict:
-    """Run RL training; returns a summary dict (also written to OUTPUT_DIR/summary.json)."""
+    """Run RL training; returns a summary dict (also written to OUTPUT_DIR/summary.json). A Ctrl-C or SIGTERM
+    checkpoints the run and returns (summary["interrupted"], summary["signal"]); any other exception checkpoints it
+    (when the state is consistent) and propagates. The output directory is locked for the length of the call."""
     t_start = time.time()
-    run = setup(cfg, loss_overrides, model_and_tokenizer)
-    state = resume(run) if cfg.resume else LoopState()
-    summary: dict = {"output_dir": str(run.out_dir), "preset": run.loss_cfg.name, "model": cfg.model}
-    with MetricsLog(run.out_dir / "metrics.jsonl", resume_step=state.step if cfg.resume else None) as log:
-        if state.step == 0:
-            summary["before"] = heldout_eval(run, log, 0, "before")
-        elif (run.out_dir / "summary.json").exists():  # a resumed run keeps the first run's "before" (if it had one)
-            summary["before"] = json.loads((run.out_dir / "summary.json").read_text()).get("before")
-        bar = progress_bar(cfg, state.step, run.loss_cfg.name)
-        interrupted, rngs = False, rng_snapshot(run.task_rng)
-        try:
-            t_train = time.time()
-            while state.step < cfg.max_steps:
-                if cfg.time_budget_s and time.time() - t_train > cfg.time_budget_s:
-                    print(f"\ntime budget of {cfg.time_budget_s:.0f}s reached after {state.step} steps")
-                    summary["stopped_by_time_budget"] = True
-                    break
-                rngs = rng_snapshot(run.task_rng)  # the start of this step: what a Ctrl-C checkpoint resumes from
-                record = train_step(run, state)  # batch -> rollout -> advantages -> loss -> optimizer step
-                log.write(record)
-                show_progress(bar, record)
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < cfg.max_steps:
-                    heldout_eval(run, log, state.step)
-                if cfg.save_every and state.step % cfg.save_every == 0:
-                    save(run, state, rng_snapshot(run.task_rng))
-            rngs = rng_snapshot(run.task_rng)
-        except KeyboardInterrupt:
-            interrupted = True
-            print(f"\ninterrupted: saving checkpoint at step {state.step} (continue with --resume)")
-        finally:
-            if bar is not None:
+    loss_cfg = cfg.loss_config(loss_overrides)
+    with RunLock(cfg.output_dir), STOP:
+        ckpt = open_output_dir(cfg, loss_cfg)  # refuses a mix of runs; --resume: the checked checkpoint
+        run = setup(cfg, loss_overrides, model_and_tokenizer)
+        state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
+        if state.finished and state.step >= cfg.max_steps and not state.pending:
+            print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
+        stopped_by = None
+        with MetricsLog(run.out_dir / "metrics.jsonl", keep) as log:
+            bar = TrainBar(cfg, state.step, run.loss_cfg.name)
+            try:
+                run_to_end(run, state, log, bar)
+            except BaseException as exc:
                 bar.close()
-        save(run, state, rngs)
-        summary["steps"] = state.step
-        if not interrupted:
-            summary["after"] = heldout_eval(run, log, state.step, "after")
-            if summary.get("before"):
-                compare_heldout(summary)
-    summary["wall_s"] = time.time() - t_start
-    summary["interrupted"] = interrupted
-    (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+                emergency_save(run, state, log, exc)
+                if not isinstance(exc, KeyboardInterrupt):
+                    raise
+                stopped_by = signal_name(exc)
+            finally:
+                bar.close()
+        summary = write_summary(run, state, stopped_by, t_start)
     print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")
     return summary

@@ -4,7 +4,6 @@ held-out set, KL-from-init probe); the policy's forward-only helpers that the pr
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -16,7 +15,10 @@ from torch import Tensor
 from sgrpo_kernels import linear_logprobs
 from sgrpo_kernels.rl import LossConfig
 from sgrpo_kernels.validation import check_target_values
+from train.checkpoint import load_probe, save_probe
 from train.config import TrainConfig
+from train.guard import StepGuard
+from train.metrics import write_json
 from train.model import (
     add_lora,
     head_weight,
@@ -104,6 +106,7 @@ class Run:
     heldout: list
     system_prompt: str | None
     probe: dict | None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
+    guard: StepGuard  # undo of an optimizer step (non-finite weights after it, or an exception inside it)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -119,8 +122,8 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     loss_cfg = cfg.loss_config(loss_overrides)  # preset + cfg.loss + --loss.FIELD
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(
-        json.dumps({"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg)}, indent=2, default=str)
+    write_json(
+        out_dir / "config.json", {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg)}, indent=2
     )
 
     device = resolve_device(cfg.device)
@@ -157,7 +160,7 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     task_rng = random.Random(cfg.seed)
     heldout = task.heldout(cfg.eval_problems, cfg.seed)
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
-    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt")
+    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device)
     return Run(
         cfg=cfg,
         loss_cfg=loss_cfg,
@@ -175,6 +178,7 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         heldout=heldout,
         system_prompt=system_prompt,
         probe=probe,
+        guard=StepGuard([(n, p) for n, p in model.named_parameters() if p.requires_grad], optimizer),
     )
 
 
@@ -190,31 +194,90 @@ def rollout_engine(cfg: TrainConfig, model, device: torch.device) -> VLLMEngine 
     return None
 
 
-def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path) -> dict | None:
+def progress_bar(cfg: TrainConfig, total: int, desc: str, initial: int = 0, leave: bool = False):
+    """A named tqdm bar when `cfg.progress`; None otherwise (every caller accepts None)."""
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=leave)
+
+
+def fork_rng(device: torch.device):
+    """torch.random.fork_rng over the CPU generator and, on CUDA, the device's: what the forked code draws never
+    reaches the training stream."""
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+
+PROBE_CHUNK = 4  # probe prompts per rollout call (the bar's unit)
+
+
+def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path, device) -> dict | None:
     """KL-from-init probes: completions sampled once from the initial policy; their initial log-probs are cached, so
-    no reference model stays resident. Stored in the run directory so a resumed run uses the same probes. The probe's
-    targets are range-checked here, once: the per-step KL (`kl_from_init`) skips that check."""
+    no reference model stays resident. Stored in the run directory (plain tensors and texts) so a resumed run uses
+    the same probes. The probe's targets are range-checked here, once: the per-step KL (`kl_from_init`) skips that
+    check."""
     if not cfg.kl_every:
         return None
     if cfg.resume and path.exists():
-        probe = torch.load(path, weights_only=False)
-        check_target_values(completion_targets(probe["batch"]), head_weight(model).shape[0], -100)
-        return probe
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed + 777)
-        probe_batch = rollout(
-            model,
-            tok,
-            task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}")),
-            group_size=1,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            system_prompt=system_prompt,
+        saved = load_probe(path)
+        batch = Batch(
+            *(saved[k].to(device) for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")),
+            texts=saved["texts"],
+            rewards=saved["rewards"],
+            correct=saved["correct"],
         )
+        check_target_values(completion_targets(batch), head_weight(model).shape[0], -100)
+        return {"batch": batch, "logp0": saved["logp0"].to(device)}
+    problems = task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}"))
+    bar = progress_bar(cfg, len(problems), "KL probe (sampling from the initial policy)")
+    chunks = []
+    with fork_rng(device):
+        torch.manual_seed(cfg.seed + 777)
+        for i in range(0, len(problems), PROBE_CHUNK):
+            chunk = problems[i : i + PROBE_CHUNK]
+            chunks.append(
+                rollout(
+                    model,
+                    tok,
+                    chunk,
+                    group_size=1,
+                    max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature,
+                    top_p=cfg.top_p,
+                    system_prompt=system_prompt,
+                )
+            )
+            if bar is not None:
+                bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    probe_batch = concat_batches(chunks, tok.pad_token_id)
     probe = {"batch": probe_batch, "logp0": token_logprobs(model, probe_batch, cfg.temperature, cfg.backend, 1)}
-    torch.save(probe, path)
+    save_probe(path, probe_batch, probe["logp0"])
     return probe
+
+
+def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    """One Batch from several rollouts: prompts left-padded, completions right-padded to the widest."""
+    if len(batches) == 1:
+        return batches[0]
+    p_width = max(b.prompt_ids.shape[1] for b in batches)
+    c_width = max(b.completion_ids.shape[1] for b in batches)
+
+    def pad(x: Tensor, width: int, value, left: bool) -> Tensor:
+        extra = width - x.shape[1]
+        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    return Batch(
+        prompt_ids=torch.cat([pad(b.prompt_ids, p_width, pad_id, True) for b in batches]),
+        prompt_mask=torch.cat([pad(b.prompt_mask, p_width, 0, True) for b in batches]),
+        completion_ids=torch.cat([pad(b.completion_ids, c_width, pad_id, False) for b in batches]),
+        completion_mask=torch.cat([pad(b.completion_mask, c_width, False, False) for b in batches]),
+        texts=[t for b in batches for t in b.texts],
+        rewards=torch.cat([b.rewards for b in batches]),
+        correct=torch.cat([b.correct for b in batches]),
+    )
 
 
 def kl_from_init(run: Run) -> float:

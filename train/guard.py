@@ -1,0 +1,64 @@
+"""`StepGuard`: one optimizer step that can be undone. A step whose result is a non-finite weight (or that was cut
+short by an exception) is rolled back to the weights and optimizer state from just before it."""
+
+from __future__ import annotations
+
+import torch
+
+
+class StepGuard:
+    """`take()` before `optimizer.step()` copies the trained parameters and their optimizer state (into buffers
+    reused from step to step); `restore()` puts them back exactly; `non_finite()` names the parameters that hold a
+    NaN or an infinity (one host sync)."""
+
+    def __init__(self, named_params: list[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer):
+        self.named_params = named_params
+        self.optimizer = optimizer
+        self._weights: list[torch.Tensor] | None = None
+        self._state: list[dict | None] = []
+
+    def take(self) -> None:
+        with torch.no_grad():
+            if self._weights is None:
+                self._weights = [p.detach().clone() for _, p in self.named_params]
+            else:
+                for buf, (_, p) in zip(self._weights, self.named_params):
+                    buf.copy_(p)
+            old = self._state
+            self._state = []
+            for i, (_, p) in enumerate(self.named_params):
+                st = self.optimizer.state.get(p)
+                if not st:
+                    self._state.append(None)  # no state yet (before the first step): restore removes it
+                    continue
+                prev = old[i] if i < len(old) and old[i] is not None else {}
+                copy = {}
+                for key, value in st.items():
+                    if torch.is_tensor(value):
+                        buf = prev.get(key)
+                        if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+                            buf = value.detach().clone()
+                        else:
+                            buf.copy_(value)
+                        copy[key] = buf
+                    else:
+                        copy[key] = value
+                self._state.append(copy)
+
+    def restore(self) -> None:
+        if self._weights is None:
+            raise RuntimeError("StepGuard.restore before take")
+        with torch.no_grad():
+            for buf, (_, p) in zip(self._weights, self.named_params):
+                p.copy_(buf)
+            for saved, (_, p) in zip(self._state, self.named_params):
+                if saved is None:
+                    self.optimizer.state.pop(p, None)
+                else:
+                    self.optimizer.state[p] = {k: v.clone() if torch.is_tensor(v) else v for k, v in saved.items()}
+
+    def non_finite(self) -> list[str]:
+        flags = torch.stack([torch.isfinite(p).all() for _, p in self.named_params])
+        if bool(flags.all()):
+            return []
+        return [n for (n, _), ok in zip(self.named_params, flags.tolist()) if not ok]

@@ -1,0 +1,124 @@
+"""One run at a time per output directory: `RunLock` holds OUTPUT_DIR/train.lock (pid, host, start time) for the
+length of a run.
+
+The lock is an advisory `flock` on the file: the kernel drops it when its process dies, however it dies, so a lock
+file left behind by a killed run never blocks the next one. Where `flock` is unavailable, the file itself is the lock
+(created exclusively) and a file whose pid is no longer alive on this host is stale and taken over.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from train.errors import Refused
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover -- Windows
+    fcntl = None
+
+LOCK_FILE = "train.lock"
+
+
+class RunLocked(Refused):
+    pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+class RunLock:
+    def __init__(self, directory: str | Path):
+        self.path = Path(directory) / LOCK_FILE
+        self._fd: int | None = None
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads(self.path.read_text())
+            return f"pid {info['pid']} on {info['host']}, since {info['started']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another process"
+
+    def _refuse(self) -> RunLocked:
+        return RunLocked(
+            f"{self.path.parent} is in use by another run ({self._holder()}; lock file {self.path}). Wait for it to "
+            "finish, stop it, or use another --output-dir."
+        )
+
+    def _write_info(self, fd: int) -> None:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(info).encode())
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fcntl is not None:
+            try:
+                return self._acquire_flock()
+            except OSError as exc:  # a filesystem without flock (ENOLCK, EOPNOTSUPP): the pid file alone
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+        return self._acquire_pidfile()
+
+    def _acquire_flock(self) -> RunLock:
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise self._refuse() from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # the holder may have released and removed the file between our open and flock: lock the new one
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._write_info(fd)
+                self._fd = fd
+                return self
+            os.close(fd)
+        raise self._refuse()
+
+    def _acquire_pidfile(self) -> RunLock:
+        for _ in range(10):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                try:
+                    info = json.loads(self.path.read_text())
+                    stale = info["host"] == socket.gethostname() and not _pid_alive(int(info["pid"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    stale = False  # being written, or unreadable: not ours to remove
+                if not stale:
+                    raise self._refuse() from None
+                print(f"removing a stale lock {self.path} (pid {info['pid']} is not running)")
+                self.path.unlink(missing_ok=True)
+                continue
+            self._write_info(fd)
+            self._fd = fd
+            return self
+        raise self._refuse()
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)  # while still holding it: nobody can lock the old file after this
+        finally:
+            os.close(self._fd)  # releases the flock
+            self._fd = None

@@ -1,0 +1,100 @@
+"""What a run may do with its output directory before it starts: `open_output_dir` refuses to mix two runs (a fresh
+run over an existing one needs --overwrite; --resume needs a checkpoint and the checkpoint's configuration), and
+`config_differences` names the settings a resume would change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from sgrpo_kernels.rl import LossConfig
+from train.checkpoint import STATE_FILE, read_checkpoint
+from train.config import RESUME_SAFE, TrainConfig
+from train.errors import Refused
+
+# What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
+RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "summary.json.tmp", "config.json", "probe.pt")
+RUN_DIRS = ("checkpoint",)
+
+
+def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> list[str]:
+    """'field: checkpoint X, now Y' for every TrainConfig field outside RESUME_SAFE and every field of the effective
+    LossConfig that differs from the checkpoint's. (The `loss` string itself is compared through the LossConfig it
+    makes, together with the --loss.FIELD flags.)"""
+    out = []
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in RESUME_SAFE or f.name == "loss" or f.name not in saved["config"]:
+            continue
+        before, now = saved["config"][f.name], getattr(cfg, f.name)
+        if before != now:
+            out.append(f"--{f.name.replace('_', '-')}: checkpoint {before!r}, now {now!r}")
+    now_loss = dataclasses.asdict(loss_cfg)
+    for key in sorted(set(now_loss) | set(saved["loss_config"])):
+        before, now = saved["loss_config"].get(key, "<absent>"), now_loss.get(key, "<absent>")
+        if before != now:
+            out.append(f"loss.{key}: checkpoint {before!r}, now {now!r}")
+    return out
+
+
+def describe_existing(out_dir: Path) -> str | None:
+    """None when OUTPUT_DIR holds no run; else what is there (from summary.json, which is cheap to read)."""
+    metrics = out_dir / "metrics.jsonl"
+    ckpt = out_dir / "checkpoint" / STATE_FILE
+    tmp = out_dir / "checkpoint" / (STATE_FILE + ".tmp")
+    summary = out_dir / "summary.json"
+    if not (summary.exists() or ckpt.exists() or tmp.exists() or (metrics.exists() and metrics.stat().st_size > 0)):
+        return None
+    try:
+        s = json.loads(summary.read_text())
+        if s.get("interrupted"):
+            return f"a run interrupted at step {s.get('steps')}"
+        return f"a finished run ({s.get('steps')} steps)"
+    except (OSError, ValueError, AttributeError):
+        return "a run" + (" with a checkpoint" if ckpt.exists() else " without a checkpoint")
+
+
+def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
+    """Call with the directory's lock held. --resume: the checkpoint (read and checked, weights_only), refused when
+    its configuration differs from `cfg` / `loss_cfg` beyond RESUME_SAFE. A fresh run: refused when OUTPUT_DIR already
+    holds a run, unless --overwrite (which deletes that run's files); returns None."""
+    out_dir = Path(cfg.output_dir)
+    ckpt_file = out_dir / "checkpoint" / STATE_FILE
+    if cfg.resume and cfg.overwrite:
+        raise Refused("--resume continues the run in OUTPUT_DIR, --overwrite deletes it: pass one of them")
+    if cfg.resume:
+        if not ckpt_file.exists():
+            tmp = ckpt_file.with_name(STATE_FILE + ".tmp")
+            why = f" (only {tmp.name}: a save that did not complete)" if tmp.exists() else ""
+            raise Refused(
+                f"--resume: no checkpoint at {ckpt_file}{why}. Start the run again without --resume "
+                "(with --overwrite if the directory holds its metrics)."
+            )
+        ckpt = read_checkpoint(ckpt_file)
+        diffs = config_differences(ckpt, cfg, loss_cfg)
+        if diffs:
+            safe = ", ".join("--" + f.replace("_", "-") for f in sorted(RESUME_SAFE))
+            raise Refused(
+                f"--resume: the configuration differs from the one {ckpt_file} was trained with:\n  "
+                + "\n  ".join(diffs)
+                + f"\nOnly these may change on --resume: {safe}.\n"
+                f"Resume with the checkpoint's values (all of them are in {out_dir / 'config.json'}), or start a new "
+                "run in another --output-dir."
+            )
+        ckpt_file.with_name(STATE_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted save's leftover
+        return ckpt
+    existing = describe_existing(out_dir)
+    if existing is not None:
+        if not cfg.overwrite:
+            raise Refused(
+                f"{out_dir} already holds {existing}. Continue it with --resume, start over with --overwrite "
+                "(deletes its metrics, summary and checkpoint), or use another --output-dir."
+            )
+        print(f"--overwrite: deleting {existing} in {out_dir}")
+    if cfg.overwrite:
+        for name in RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+    return None
