@@ -28,6 +28,11 @@ from train.tasks import LEVELS, ArithmeticTask, JsonlTask, check_template, make_
         ("It is -3.", "-3"),
         ("no number here", None),
         ("The answer is 17. Check: 17 - 5 = 12", "17"),
+        # \boxed with nested braces: the whole content, not the last number inside it (was "2", "000", "2")
+        ("so \\boxed{\\frac{1}{2}}", "1/2"),
+        ("\\boxed{1{,}000}", "1000"),
+        ("first \\boxed{3}, finally \\boxed{\\dfrac{-3}{4}}", "-3/4"),
+        ("\\boxed{\\sqrt{2}}", "\\sqrt{2}"),
     ],
 )
 def test_extract_answer(text, expected):
@@ -48,6 +53,8 @@ def test_extract_answer(text, expected):
         ("0.5", "1/2", 1.0),
         ("The answer is 7 * 6 = 42", 42, 1.0),
         ("The answer is 42. 7 * 6 = 42", 42, 1.0),
+        ("$\\boxed{\\frac{1}{2}}$", "0.5", 1.0),
+        ("$\\boxed{\\frac{1}{2}}$", "2", 0.0),
     ],
 )
 def test_correctness_reward(text, truth, reward):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
 # "the answer is 17" -- but not "the answer is 7 * 6 = 42" (an expression, whose result is the last number)
 _ANSWER_IS = re.compile(
     r"(?:answer|result)\s*(?:is|:|=)\s*:?\s*\$?\s*(-?[\d,]*\.?\d+(?:/\d+)?)(?![\d,]*\s*[-+*/x×=]\s*\d)", re.IGNORECASE
@@ -28,13 +28,31 @@ def _to_number(text: str) -> Fraction | None:
         return None
 
 
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}`, braces matched (`\\boxed{\\frac{1}{2}}` -> `\\frac{1}{2}`), with
+    `\\frac{a}{b}` of integers as `a/b` and `{,}` as `,`; None without a complete one."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            inner = text[i + 1 : j].replace("{,}", ",")
+            return _FRAC.sub(r"\1/\2", inner).strip().strip("$").strip()
+    return None
+
+
 def extract_answer(completion: str) -> str | None:
     """Return the final answer of `completion` as a string, or None when there is none.
 
-    Priority: `\\boxed{...}`, then GSM8K's `#### x`, then "the answer is x" / "answer: x", then the last number in the
-    text (so "12 + 5 = 17" gives "17"). Thousands separators are dropped.
+    Priority: `\\boxed{...}` (braces matched), then GSM8K's `#### x`, then "the answer is x" / "answer: x", then the
+    last number in the text (so "12 + 5 = 17" gives "17"). Thousands separators are dropped.
     """
-    for pattern in (_BOXED, _GSM8K, _ANSWER_IS):
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        return boxed.replace(",", "")
+    for pattern in (_GSM8K, _ANSWER_IS):
         found = pattern.findall(completion)
         if found:
             return found[-1].strip().replace(",", "")
