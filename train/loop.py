@@ -11,7 +11,8 @@ written). Each phase does its work first (interruptible: it stays pending) and t
 (train/signals.py), its bookkeeping; an optimizer step holds signals until its commit. So a Ctrl-C or SIGTERM anywhere
 saves a state that `--resume` continues exactly as the uninterrupted run would have gone on.
 
-setup: train/setup.py; evaluation: train/evaluate.py; files: train/checkpoint.py, train/metrics.py, train/rundir.py.
+The state and its checkpoint: train/state.py; setup: train/setup.py; evaluation: train/evaluate.py; files:
+train/checkpoint.py, train/metrics.py, train/rundir.py.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import itertools
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats, prepare_groups
-from train.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, rng_snapshot, save_checkpoint
+from train.checkpoint import rng_snapshot
 from train.config import TrainConfig
 from train.errors import TrainError
 from train.evaluate import compare_heldout, heldout_eval
@@ -46,6 +47,7 @@ from train.setup import (
     token_logprobs,
 )
 from train.signals import STOP, signal_name
+from train.state import LoopState, emergency_save, fresh_state, resume, save
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
@@ -72,66 +74,6 @@ def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
     return all(
         h["entropy_mean"] < cfg.collapse_entropy and h["zero_var_frac"] >= 1.0 and h["accuracy"] < 1.0 for h in recent
     )
-
-
-# ----------------------------------------------------------------------------------------------------- state
-
-PHASES = ("before", "kl", "log", "eval", "save", "after")
-
-
-@dataclass
-class LoopState:
-    """What the loop carries from phase to phase; a checkpoint saves all of it but the last two fields."""
-
-    step: int  # steps committed
-    rngs: dict  # the RNG states to continue from: after step `step`'s update (= the start of step `step + 1`)
-    pending: list[str]  # phases still to run (see PHASES), in order
-    record: dict | None = None  # step `step`'s metrics record until its "log" phase writes it
-    history: list[dict] = field(default_factory=list)  # per step HISTORY_KEYS, for the collapse rule
-    before: dict | None = None  # the held-out eval before training
-    after: dict | None = None  # the held-out eval after training (of step `step` when `finished`)
-    finished: bool = False  # "after" has run for `step`
-    stopped_by_time_budget: bool = False
-    saved_step: int | None = None  # not saved: the step of the last checkpoint written (or resumed from)
-    torn: bool = False  # not saved: an exception hit between an optimizer step and its commit; nothing to checkpoint
-
-
-def fresh_state(run: Run) -> LoopState:
-    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), pending=["before"])
-
-
-def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
-    """--resume: weights, optimizer, scheduler, RNG states and the loop state from a `read_checkpoint` dict (already
-    checked against the configuration by `open_output_dir`) -> (state, records of metrics.jsonl to keep)."""
-    file = run.ckpt_dir / STATE_FILE
-    loop = ckpt["loop"]
-    unknown = [p for p in loop["pending"] if p not in PHASES]
-    if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
-        raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
-    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
-    if run.engine is not None:
-        run.engine.sync(run.model)
-    state = LoopState(step=ckpt["step"], rngs=ckpt["rng"], **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
-    state.saved_step = state.step
-    todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
-    print(f"resumed from step {state.step}{todo}")
-    return state, loop["log_lines"]
-
-
-def save(run: Run, state: LoopState, log: MetricsLog) -> None:
-    loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
-    save_checkpoint(
-        run.ckpt_dir,
-        model=run.model,
-        optimizer=run.optimizer,
-        scheduler=run.scheduler,
-        step=state.step,
-        rngs=state.rngs,
-        loop=loop,
-        cfg=run.cfg,
-        loss_cfg=run.loss_cfg,
-    )
-    state.saved_step = state.step
 
 
 # ----------------------------------------------------------------------------------------------------- one step
@@ -447,28 +389,6 @@ class TrainBar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def emergency_save(run: Run, state: LoopState, log: MetricsLog, exc: BaseException) -> None:
-    """On an interrupt or an error: checkpoint the state when it is consistent; say what happened either way. A
-    second signal during the save waits for it (then is dropped)."""
-    what = signal_name(exc) if isinstance(exc, KeyboardInterrupt) else f"error ({type(exc).__name__})"
-    last = f"the last checkpoint (step {state.saved_step}) stays" if state.saved_step is not None else "no checkpoint"
-    if state.torn:
-        print(f"\n{what} inside the optimizer update of step {state.step + 1}: nothing to save; {last}")
-        return
-    if isinstance(exc, CheckpointError):  # the save itself failed: its message says what is left
-        return
-    print(f"\n{what}: saving a checkpoint at step {state.step} (continue with --resume)")
-    STOP.hold()
-    try:
-        save(run, state, log)
-    except CheckpointError as err:
-        print(f"checkpoint not saved: {err}")
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-    finally:
-        STOP.release(raise_pending=False)
 
 
 def write_summary(run: Run, state: LoopState, stopped_by: str | None, t_start: float) -> dict:

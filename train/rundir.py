@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from sgrpo_kernels.rl import LossConfig
@@ -15,8 +14,18 @@ from train.config import RESUME_SAFE, TrainConfig
 from train.errors import Refused
 
 # What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
-RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "summary.json.tmp", "config.json", "probe.pt")
-RUN_DIRS = ("checkpoint",)
+RUN_FILES = (
+    "metrics.jsonl",
+    "metrics.jsonl.tmp",
+    "summary.json",
+    "summary.json.tmp",
+    "config.json",
+    "config.json.tmp",
+    "probe.pt",
+    "probe.pt.tmp",
+    f"checkpoint/{STATE_FILE}",
+    f"checkpoint/{STATE_FILE}.tmp",
+)
 
 
 def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> list[str]:
@@ -95,6 +104,8 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
     if cfg.overwrite:
         for name in RUN_FILES:
             (out_dir / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(out_dir / name, ignore_errors=True)
+        try:
+            (out_dir / "checkpoint").rmdir()  # when nothing else is in it
+        except OSError:
+            pass
     return None

@@ -1,0 +1,90 @@
+"""The loop's state between phases (`LoopState`), and the checkpoint of it: `save`, `resume`, and `emergency_save`
+on an interrupt or an error. What a checkpoint holds, and why that is enough for an exact resume: train/loop.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from train.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, rng_snapshot, save_checkpoint
+from train.metrics import MetricsLog
+from train.setup import Run
+from train.signals import STOP, signal_name
+
+PHASES = ("before", "kl", "log", "eval", "save", "after")
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from phase to phase; a checkpoint saves all of it but the last two fields."""
+
+    step: int  # steps committed
+    rngs: dict  # the RNG states to continue from: after step `step`'s update (= the start of step `step + 1`)
+    pending: list[str]  # phases still to run (see PHASES), in order
+    record: dict | None = None  # step `step`'s metrics record until its "log" phase writes it
+    history: list[dict] = field(default_factory=list)  # per step HISTORY_KEYS, for the collapse rule
+    before: dict | None = None  # the held-out eval before training
+    after: dict | None = None  # the held-out eval after training (of step `step` when `finished`)
+    finished: bool = False  # "after" has run for `step`
+    stopped_by_time_budget: bool = False
+    saved_step: int | None = None  # not saved: the step of the last checkpoint written (or resumed from)
+    torn: bool = False  # not saved: an exception hit between an optimizer step and its commit; nothing to checkpoint
+
+
+def fresh_state(run: Run) -> LoopState:
+    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), pending=["before"])
+
+
+def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
+    """--resume: weights, optimizer, scheduler, RNG states and the loop state from a `read_checkpoint` dict (already
+    checked against the configuration by `open_output_dir`) -> (state, records of metrics.jsonl to keep)."""
+    file = run.ckpt_dir / STATE_FILE
+    loop = ckpt["loop"]
+    unknown = [p for p in loop["pending"] if p not in PHASES]
+    if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
+        raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
+    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
+    if run.engine is not None:
+        run.engine.sync(run.model)
+    state = LoopState(step=ckpt["step"], rngs=ckpt["rng"], **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
+    state.saved_step = state.step
+    todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
+    print(f"resumed from step {state.step}{todo}")
+    return state, loop["log_lines"]
+
+
+def save(run: Run, state: LoopState, log: MetricsLog) -> None:
+    loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
+    save_checkpoint(
+        run.ckpt_dir,
+        model=run.model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        step=state.step,
+        rngs=state.rngs,
+        loop=loop,
+        cfg=run.cfg,
+        loss_cfg=run.loss_cfg,
+    )
+    state.saved_step = state.step
+
+
+def emergency_save(run: Run, state: LoopState, log: MetricsLog, exc: BaseException) -> None:
+    """On an interrupt or an error: checkpoint the state when it is consistent; say what happened either way. A
+    second signal during the save waits for it (then is dropped)."""
+    what = signal_name(exc) if isinstance(exc, KeyboardInterrupt) else f"error ({type(exc).__name__})"
+    last = f"the last checkpoint (step {state.saved_step}) stays" if state.saved_step is not None else "no checkpoint"
+    if state.torn:
+        print(f"\n{what} inside the optimizer update of step {state.step + 1}: nothing to save; {last}")
+        return
+    if isinstance(exc, CheckpointError):  # the save itself failed: its message says what is left
+        return
+    print(f"\n{what}: saving a checkpoint at step {state.step} (continue with --resume)")
+    STOP.hold()
+    try:
+        save(run, state, log)
+    except CheckpointError as err:
+        print(f"checkpoint not saved: {err}")
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+    finally:
+        STOP.release(raise_pending=False)
