@@ -358,3 +358,28 @@ def test_model_loading_is_a_named_phase_without_carriage_return_noise(monkeypatc
     model_module.load_model_and_tokenizer("smollm2-135m", torch.device("cpu"), torch.float32, progress=True)
     err = capsys.readouterr().err
     assert "de-quantizing" in err and err.count("100%") <= 1  # one bar (a terminal would see it redraw in place)
+
+
+# ----------------------------------------------------------------------------------------------------- rollouts
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_shared_prompt_generation_gives_the_same_completions(greedy):
+    """hf_generate runs each prompt once and repeats its KV cache for the n completions (half the rollout compute at
+    G = 8): the completions equal those of generate on n copies of each prompt (left padding: prompts of different
+    lengths), greedy and sampled with the same seed."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from train.model import tiny_model_and_tokenizer
+    from train.rollout import hf_generate
+
+    model, tok = tiny_model_and_tokenizer(seed=3)
+    prompts = ["1 + 2 =", "12 * 3 + 45 =", "7 ="]
+    outs = []
+    for share in (True, False):
+        torch.manual_seed(0)
+        outs.append(hf_generate(model, tok, prompts, 4, 8, 1.0, 1.0, greedy=greedy, share_prompts=share))
+    for shared, plain in zip(*outs):
+        assert torch.equal(shared, plain)
+    assert outs[0][2].shape[0] == 12

@@ -57,6 +57,29 @@ def eos_ids(tokenizer, model) -> set[int]:
     return {i for i in ids if i is not None}
 
 
+def shared_prompt_cache(model, ids: Tensor, mask: Tensor, n: int):
+    """The KV cache of every prompt but its last token, computed once per prompt and repeated `n` times: generate
+    then samples the n completions of a prompt without running the prompt n times (for G = 8 and a 27-token prompt
+    that halves the rollout's compute). Positions follow the left padding, as generate's own would; the completions
+    are the ones generate gives without the shared cache (same numbers; tested)."""
+    from transformers import DynamicCache
+
+    from train.model import decoder
+
+    dec = decoder(model)
+    cache = DynamicCache(config=dec.config)
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
+    dec(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
 @torch.no_grad()
 def hf_generate(
     model,
@@ -67,17 +90,22 @@ def hf_generate(
     temperature: float,
     top_p: float,
     greedy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS."""
+    """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS.
+    With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times."""
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     was_training = model.training
     model.eval()
+    cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     kwargs = (
         {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
     )
+    if cache is not None:
+        kwargs["past_key_values"] = cache
     out = model.generate(
         input_ids=ids,
         attention_mask=mask,
