@@ -383,3 +383,21 @@ def test_shared_prompt_generation_gives_the_same_completions(greedy):
     for shared, plain in zip(*outs):
         assert torch.equal(shared, plain)
     assert outs[0][2].shape[0] == 12
+
+
+def test_default_job_is_a_fixed_number_of_steps():
+    """`python -m train` trains a fixed 30 steps whatever the machine's load: no time budget by default (the default
+    run preset stopped training after 480 s, 7 of 30 steps on a loaded 2-core machine)."""
+    cfg, _ = parse_args([])
+    assert cfg.max_steps == 30 and cfg.time_budget_s == 0.0
+    assert cfg == TrainConfig()  # the default job is the dataclass defaults
+    assert parse_args(["--time-budget-s", "600"])[0].time_budget_s == 600.0  # a budget only when asked for
+
+
+def test_explicit_flag_equal_to_the_default_beats_the_run_preset():
+    """`--max-steps 30` (the dataclass default) beats the smoke preset's 2: a typed flag counts even when it equals
+    the default."""
+    default_steps = TrainConfig.__dataclass_fields__["max_steps"].default
+    assert parse_args(["--run-preset", "smoke"])[0].max_steps != default_steps
+    assert parse_args(["--run-preset", "smoke", "--max-steps", str(default_steps)])[0].max_steps == default_steps
+    assert parse_args(["--run-preset", "smoke", "--max_steps", str(default_steps)])[0].max_steps == default_steps
