@@ -356,8 +356,8 @@ RESUME_SAFE = frozenset(
 
 # Named run presets (trainer-level); --preset picks the algorithm, these pick sizes.
 RUN_PRESETS: dict[str, dict] = {
-    # The README's CPU job: the dataclass defaults, a fixed 30 steps and no time budget, so that its result does not depend
-    # on how busy the machine is (it stopped after 480 s: 7 of 30 steps on a loaded 2-core machine).
+    # The README's CPU job: the dataclass defaults, a fixed 30 steps and no time budget, so that its result does not
+    # depend on how busy the machine is (it stopped after 480 s: 7 of 30 steps on a loaded 2-core machine).
     "default": {},
     "smoke": {
         "max_steps": 2,
