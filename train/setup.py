@@ -72,6 +72,18 @@ def token_logprobs(
     return logp
 
 
+def reference_logprobs(run: Run, batch: Batch, check_targets: bool | None = None) -> Tensor | None:
+    """The reference policy's completion log-probs for the KL presets (None for the others): the frozen reference
+    model, or, with LoRA, the policy itself with its adapters disabled (the base model: no second copy resident)."""
+    if not run.loss_cfg.needs_ref:
+        return None
+    cfg = run.cfg
+    if run.ref_model is not None:
+        return token_logprobs(run.ref_model, batch, cfg.temperature, cfg.backend, cfg.group_size, check_targets)
+    with run.model.disable_adapter():
+        return token_logprobs(run.model, batch, cfg.temperature, cfg.backend, cfg.group_size, check_targets)
+
+
 def lr_lambda(cfg: TrainConfig):
     def f(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -96,7 +108,7 @@ class Run:
     device: torch.device
     model: torch.nn.Module
     tok: object
-    ref_model: torch.nn.Module | None  # the frozen reference of the KL presets (grpo); None otherwise
+    ref_model: torch.nn.Module | None  # the frozen reference of the KL presets (grpo) without LoRA; None otherwise
     params: list[torch.nn.Parameter]  # the trained ones
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -134,7 +146,9 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     else:
         model, tok = model_and_tokenizer
     ref_model = None
-    if loss_cfg.needs_ref:  # only the KL presets (grpo) pay for a frozen reference
+    if loss_cfg.needs_ref and cfg.lora:
+        print("reference model: the policy with its LoRA adapters disabled (no second model)")
+    elif loss_cfg.needs_ref:  # only the KL presets (grpo) pay for a frozen reference
         ref_model, _ = load_model_and_tokenizer(cfg.model, device, dtype, cfg.seed)
         ref_model.requires_grad_(False).eval()
         print(f"reference model: {param_bytes(ref_model) / 2**20:.1f} MiB of weights")

@@ -1,0 +1,266 @@
+"""The stability study: the two collapse rules on synthetic trajectories, the per-run metrics and the aggregation
+against hand-computed values, the LoRA-disabled reference against a separately loaded base model, and the harness end
+to end on the tiny model (two arms x two seeds x two steps), interrupted and resumed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from train.stability import CollapseRules, entropy_blowup, first_event, low_entropy_collapse, run_metrics
+
+RULES = CollapseRules(window=3, low_entropy=0.05, rise_factor=2.0, rise_min=0.5, drop=0.1)
+
+
+def traj(entropy, accuracy, fmt=None, zero_var=None):
+    n = len(entropy)
+    fmt = fmt or [0.8] * n
+    zero_var = zero_var or [0.5] * n
+    return [
+        {"step": i + 1, "entropy_mean": h, "accuracy": a, "format_frac": f, "zero_var_frac": z}
+        for i, (h, a, f, z) in enumerate(zip(entropy, accuracy, fmt, zero_var))
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------- collapse rules
+
+
+def test_low_entropy_collapse_needs_the_whole_window():
+    steps = traj([1.0, 0.5, 0.01, 0.02, 0.01], [0.5, 0.5, 0.2, 0.2, 0.2], zero_var=[0.5, 0.5, 1.0, 1.0, 1.0])
+    assert first_event(steps, low_entropy_collapse, RULES) == 5
+    assert not low_entropy_collapse(steps[:4], RULES)  # only 2 qualifying steps
+    # a solved batch (accuracy 1) is not a collapse, nor is a low entropy that still has a learning signal
+    solved = traj([0.01] * 4, [1.0] * 4, zero_var=[1.0] * 4)
+    assert first_event(solved, low_entropy_collapse, RULES) is None
+    signal_left = traj([0.01] * 4, [0.3] * 4, zero_var=[0.75] * 4)
+    assert first_event(signal_left, low_entropy_collapse, RULES) is None
+
+
+def test_entropy_blowup_rule():
+    # entropy from 1.0 to 2.6 (> 2x and > +0.5) while accuracy and format fall by more than 0.1: collapse at step 6
+    ent = [1.0, 1.0, 1.0, 2.5, 2.6, 2.7]
+    acc = [0.5, 0.5, 0.5, 0.3, 0.2, 0.1]
+    fmt = [0.9, 0.9, 0.9, 0.5, 0.4, 0.3]
+    assert first_event(traj(ent, acc, fmt), entropy_blowup, RULES) == 6
+    # the same entropy rise while accuracy holds (exploration that still pays) is not a collapse
+    assert first_event(traj(ent, [0.5] * 6, fmt), entropy_blowup, RULES) is None
+    # nor while the format holds
+    assert first_event(traj(ent, acc, [0.9] * 6), entropy_blowup, RULES) is None
+    # a rise of 2x that is under rise_min nats (0.1 -> 0.25) is not a blow-up
+    small = [0.1, 0.1, 0.1, 0.25, 0.25, 0.25]
+    assert first_event(traj(small, acc, fmt), entropy_blowup, RULES) is None
+    # one step below the threshold inside the window breaks it
+    assert not entropy_blowup(traj([1.0, 1.0, 1.0, 2.5, 1.5, 2.7], acc, fmt), RULES)
+    # records without format_frac (older runs) never trip it
+    old = [{k: v for k, v in r.items() if k != "format_frac"} for r in traj(ent, acc, fmt)]
+    assert not entropy_blowup(old, RULES)
+
+
+# ----------------------------------------------------------------------------------------------------- metrics
+
+
+def test_run_metrics_hand_computed():
+    steps = []
+    grads = [0.5, 2.0, None, 4.0]  # None: a step whose gradient was non-finite (strict JSON null)
+    for i, g in enumerate(grads):
+        steps.append(
+            {
+                "step": i + 1,
+                "entropy_mean": [1.0, 0.8, 0.6, 0.9][i],
+                "accuracy": [0.25, 0.5, 0.75, 0.25][i],
+                "zero_var_frac": 0.5,
+                "format_frac": 0.5,
+                "grad_norm": g,
+                "kl_from_init": [None, 0.1, None, 0.3][i],
+                "step_s": 2.0 + i,
+                "tokens_per_s": 10.0 * (i + 1),
+                "peak_mem_mb": 100.0 + i,
+                "train_peak_mem_mb": 50.0 + i,
+            }
+        )
+    evals = [{"step": 0, "event": "eval", "eval_acc": 0.2}, {"step": 4, "event": "eval", "eval_acc": 0.5}]
+    summary = {"before": {"eval_acc": 0.2}, "after": {"eval_acc": 0.5, "eval_pass@4": 0.6, "eval_maj@4": 0.4}}
+    rules = CollapseRules(window=2)
+    m = run_metrics(evals + steps, summary, max_grad_norm=1.0, rules=rules)
+    assert m["steps"] == 4
+    assert m["grad_norm_mean"] == pytest.approx((0.5 + 2.0 + 4.0) / 3)
+    assert m["grad_norm_max"] == 4.0
+    assert m["clipped_frac"] == pytest.approx(2 / 3)
+    assert m["entropy_start"] == pytest.approx(0.9)  # mean of the first 2 (the window)
+    assert m["entropy_end"] == pytest.approx(0.75)
+    assert m["entropy_min"] == 0.6
+    assert m["success_std_2nd_half"] == pytest.approx(0.25)  # pstdev(0.75, 0.25)
+    assert m["kl_from_init_end"] == 0.3
+    assert m["heldout_gain"] == pytest.approx(0.3)
+    assert m["pass@4_after"] == 0.6 and m["maj@4_after"] == 0.4
+    assert m["step_s_mean"] == pytest.approx(3.5)
+    assert m["peak_mem_mb"] == 103.0 and m["train_peak_mem_mb"] == 53.0
+    assert m["collapse"] is False
+
+
+def test_aggregate_and_paired_hand_computed():
+    from train.study.report import aggregate, paired
+
+    def run(arm, seed, after, collapse=False):
+        return {"arm": arm, "seed": seed, "heldout_after": after, "heldout_gain": after - 0.2, "collapse": collapse,
+                "collapse_low_entropy": collapse, "collapse_blowup": False}  # fmt: skip
+
+    runs = [run("grpo", 0, 0.40), run("grpo", 1, 0.50), run("grpo", 2, 0.60)]
+    runs += [run("s_grpo", 0, 0.50), run("s_grpo", 1, 0.70), run("s_grpo", 2, 0.60, collapse=True)]
+    agg = aggregate(runs, ["grpo", "s_grpo"])
+    assert list(agg) == ["grpo", "s_grpo"]
+    assert agg["grpo"]["heldout_after"]["mean"] == pytest.approx(0.5)
+    assert agg["grpo"]["heldout_after"]["se"] == pytest.approx(0.1 / math.sqrt(3))  # sd 0.1
+    assert agg["s_grpo"]["collapse"]["mean"] == pytest.approx(1 / 3)
+    assert agg["s_grpo"]["collapse_runs"] == {"low_entropy": 1, "blowup": 0, "runs": 3}
+    assert agg["s_grpo"]["heldout_after_std_across_seeds"] == pytest.approx(0.1)
+    d = paired(runs)["s_grpo"]["heldout_after"]
+    # differences 0.1, 0.2, 0.0: mean 0.1, sd 0.1, se 0.0577 -> 0.1 < 2 SE: not significant
+    assert d["diff"] == pytest.approx(0.1) and d["se"] == pytest.approx(0.1 / math.sqrt(3))
+    assert d["n"] == 3 and d["significant"] is False
+    runs[4]["heldout_after"], runs[5]["heldout_after"] = 0.6, 0.7  # differences 0.1, 0.1, 0.1 ... plus noise
+    runs[3]["heldout_after"] = 0.52  # 0.12, 0.10, 0.10: mean 0.107, se 0.0067 -> significant
+    assert paired(runs)["s_grpo"]["heldout_after"]["significant"] is True
+
+
+# ----------------------------------------------------------------------------------------------------- grid and CLI
+
+
+def test_set_checks_fields_and_values_before_running(capsys):
+    from train.study.grid import parse_sets
+
+    assert parse_sets(["lr=5e-4", "max-steps=60"]) == {"lr": "5e-4", "max_steps": "60"}
+    with pytest.raises(ValueError, match="'lrate' is not a trainer field"):
+        parse_sets(["lrate=1"])
+    with pytest.raises(ValueError, match="the study sets seed itself"):
+        parse_sets(["seed=3"])
+    with pytest.raises(ValueError, match="expected field=value"):
+        parse_sets(["lr"])
+    with pytest.raises(ValueError, match="refused"):
+        parse_sets(["lr=2"])  # lr <= 1
+    assert "--lr" in capsys.readouterr().err
+
+
+def test_study_cli_refuses_bad_arms_and_seeds(capsys):
+    from train.study.__main__ import main
+
+    for argv, needle in ((["--arms", "grpo,nope"], "expected arms from"), (["--seeds", "0,x"], "comma-separated")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert needle in capsys.readouterr().err
+
+
+def test_a_results_folder_holds_one_regime(tmp_path):
+    from train.study.runner import Manifest
+
+    Manifest(tmp_path, "a", {"lr": "1e-4"}, {}).save()
+    with pytest.raises(ValueError, match="holds the study of regime 'a'"):
+        Manifest(tmp_path, "a", {"lr": "2e-4"}, {})
+
+
+# ----------------------------------------------------------------------------------------------------- LoRA reference
+
+
+def test_lora_reference_is_the_base_model(tmp_path):
+    pytest.importorskip("peft")
+    import torch
+
+    from tests.test_train_loop import tiny_cfg
+    from train.model import load_model_and_tokenizer
+    from train.rollout import rollout
+    from train.setup import reference_logprobs, setup, token_logprobs
+
+    cfg = tiny_cfg(tmp_path, preset="grpo", lora=True, lora_r=4, kl_every=0)
+    run = setup(cfg)
+    assert run.ref_model is None  # no second model resident
+    with torch.no_grad():  # move the adapters away from their identity init, so the test can tell them apart
+        for name, p in run.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    problems = run.task.sample(2, run.task_rng)
+    batch = rollout(run.model, run.tok, problems, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature, top_p=1.0)  # fmt: skip
+    ref = reference_logprobs(run, batch)
+    base, _ = load_model_and_tokenizer("tiny", torch.device("cpu"), torch.float32, cfg.seed)
+    expected = token_logprobs(base, batch, cfg.temperature, None, cfg.group_size)
+    policy = token_logprobs(run.model, batch, cfg.temperature, None, cfg.group_size)
+    mask = batch.completion_mask
+    torch.testing.assert_close(ref[mask], expected[mask], rtol=1e-5, atol=1e-5)
+    assert (policy[mask] - expected[mask]).abs().max() > 1e-3  # the adapters do change the policy
+    # and the context restored them: the policy's log-probs after equal those before
+    torch.testing.assert_close(token_logprobs(run.model, batch, cfg.temperature, None, cfg.group_size), policy)
+
+
+# ----------------------------------------------------------------------------------------------------- end to end
+
+
+TINY = ["--set", "model=tiny", "--set", "max_steps=2", "--set", "prompts_per_step=2", "--set", "group_size=4",
+        "--set", "max_new_tokens=6", "--set", "eval_problems=6", "--set", "eval_k=2", "--set", "eval_k_problems=3",
+        "--set", "probe_size=3", "--set", "kl_every=1"]  # fmt: skip
+
+
+def _study(tmp_path, *extra):
+    root = Path(__file__).resolve().parents[1]
+    dirs = ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    argv = [sys.executable, "-m", "train.study", "--arms", "s_grpo,grpo_nokl", "--seeds", "0,1", "--name", "t",
+            *dirs, "--progress", "false", *TINY, *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return argv, env, root
+
+
+def test_study_end_to_end_interrupted_and_resumed(tmp_path):
+    pytest.importorskip("transformers")
+    argv, env, root = _study(tmp_path, "--workers", "1", "--threads", "1")
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = tmp_path / "out" / "runs" / "s_grpo" / "seed0" / "summary.json"
+    deadline = time.time() + 240
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), proc.communicate()[0] if proc.poll() is not None else "no run finished in time"
+    time.sleep(1.0)  # the second run (grpo_nokl seed 0) is under way: interrupt the study
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    assert "study interrupted" in out
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    done_before = set(manifest["runs"])
+    assert "s_grpo/seed0" in done_before and len(done_before) < 4
+
+    res = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"4 runs, {len(done_before)} already finished, {4 - len(done_before)} to run" in res.stdout
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert set(manifest["runs"]) == {"s_grpo/seed0", "s_grpo/seed1", "grpo_nokl/seed0", "grpo_nokl/seed1"}
+    entry = manifest["runs"]["s_grpo/seed1"]
+    assert entry["git_sha"] is not None and entry["torch"] and entry["wall_s"] > 0 and entry["threads"] == 1
+    assert manifest["overrides"]["max_steps"] == "2"
+    out_dir = tmp_path / "out"
+    for name in ("study.csv", "study.json", "study.md", "study.png"):
+        assert (out_dir / name).is_file(), name
+    assert not any(p.name == "checkpoint" for p in out_dir.rglob("*"))  # checkpoints stay in the work folder
+    rows = (out_dir / "study.csv").read_text().splitlines()
+    assert len(rows) == 5
+    study = json.loads((out_dir / "study.json").read_text())
+    assert study["arms"]["s_grpo"]["seeds"] == [0, 1] and study["arms"]["grpo_nokl"]["seeds"] == [0, 1]
+    # every step record of a published run has the new fields the stability metrics read
+    recs = [json.loads(x) for x in (out_dir / "runs/s_grpo/seed1/metrics.jsonl").read_text().splitlines()]
+    assert all("format_frac" in r and "train_peak_mem_mb" in r for r in recs if "event" not in r)
+    # --report recomputes the same tables from the files alone
+    md = (out_dir / "study.md").read_text()
+    (out_dir / "study.md").unlink()
+    rep = subprocess.run([sys.executable, "-m", "train.study", "--report", str(out_dir), "--no-figure"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert rep.returncode == 0, rep.stderr
+    assert (out_dir / "study.md").read_text() == md
+    # a third call has nothing to do
+    again = subprocess.run(argv + ["--no-figure"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "4 runs, 4 already finished, 0 to run" in again.stdout

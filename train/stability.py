@@ -1,0 +1,129 @@
+"""The stability metrics of one run, computed from its metrics.jsonl records: the two collapse rules, gradient norm,
+entropy trajectory, success stability, KL from init, outcome and cost. Definitions with their thresholds:
+docs/study.md. The training loop flags the low-entropy rule live (`low_entropy_collapse`); the study recomputes both
+rules from the records, so a run's flags can be re-derived from its files alone."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CollapseRules:
+    """Thresholds of the two collapse rules (docs/study.md, "Collapse").
+
+    Low-entropy collapse (entropy collapse): over `window` consecutive steps, every step has mean token entropy below
+    `low_entropy`, every group's rewards equal (no learning signal, zero_var_frac == 1), and the batch not solved
+    (accuracy < 1). A policy that emits one near-deterministic wrong answer per prompt trips it; one that has solved
+    the task does not.
+
+    Entropy blow-up (the negative-gradient collapse GTPO describes): over `window` consecutive steps, the mean token
+    entropy is at least `rise_factor` x its initial value (the mean of the first `window` steps) and at least
+    `rise_min` nats above it, while both the batch reward (accuracy) and the format rate fall at least `drop` below
+    their initial values."""
+
+    window: int = 3
+    low_entropy: float = 0.05
+    rise_factor: float = 2.0
+    rise_min: float = 0.5
+    drop: float = 0.1
+
+
+def low_entropy_collapse(steps: list[dict], rules: CollapseRules) -> bool:
+    """Rule 1 at the last step of `steps`: the `window` steps ending there all qualify."""
+    recent = steps[-rules.window :]
+    if len(recent) < rules.window:
+        return False
+    return all(
+        _finite(h["entropy_mean"])
+        and h["entropy_mean"] < rules.low_entropy
+        and h["zero_var_frac"] >= 1.0
+        and h["accuracy"] < 1.0
+        for h in recent
+    )
+
+
+def entropy_blowup(steps: list[dict], rules: CollapseRules) -> bool:
+    """Rule 2 at the last step of `steps` (needs at least 2 x `window` steps: the first window is the baseline).
+    Each step needs a `format_frac`; records written before it was logged never trip the rule."""
+    w = rules.window
+    if len(steps) < 2 * w or any("format_frac" not in h for h in steps[:w] + steps[-w:]):
+        return False
+    first, recent = steps[:w], steps[-w:]
+    h0 = _mean(h["entropy_mean"] for h in first)
+    a0 = _mean(h["accuracy"] for h in first)
+    f0 = _mean(h["format_frac"] for h in first)
+    if not _finite(h0):
+        return False
+    return all(
+        _finite(h["entropy_mean"])
+        and h["entropy_mean"] >= max(rules.rise_factor * h0, h0 + rules.rise_min)
+        and h["accuracy"] <= a0 - rules.drop
+        and h["format_frac"] <= f0 - rules.drop
+        for h in recent
+    )
+
+
+def first_event(steps: list[dict], rule, rules: CollapseRules) -> int | None:
+    """The step number at which `rule` first holds, or None."""
+    for i in range(len(steps)):
+        if rule(steps[: i + 1], rules):
+            return steps[i]["step"]
+    return None
+
+
+def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules: CollapseRules) -> dict:
+    """The per-run numbers of the study from a run's metrics.jsonl records and summary.json (floats; nan where a
+    quantity does not exist, e.g. no KL probe). `max_grad_norm`: the run's clipping threshold (a step counts as
+    clipped when its pre-clip norm exceeds it)."""
+    steps = sorted((r for r in records if "event" not in r), key=lambda r: r["step"])
+    if not steps:
+        raise ValueError("no step records: the run trained no step")
+    grad = [r["grad_norm"] for r in steps if _finite(r["grad_norm"])]
+    ent = [r["entropy_mean"] for r in steps if _finite(r["entropy_mean"])]
+    acc = [r["accuracy"] for r in steps]
+    second_half = acc[len(acc) // 2 :]
+    kl = [r["kl_from_init"] for r in steps if r.get("kl_from_init") is not None]
+    w = min(rules.window, len(ent)) or 1
+    low = first_event(steps, low_entropy_collapse, rules)
+    blow = first_event(steps, entropy_blowup, rules)
+    before, after = summary.get("before", {}), summary.get("after", {})
+    k_keys = sorted(k for k in after if k.startswith("eval_pass@") or k.startswith("eval_maj@"))
+    out = {
+        "steps": len(steps),
+        "grad_norm_mean": _mean(grad),
+        "grad_norm_max": max(grad) if grad else math.nan,
+        "clipped_frac": sum(g > max_grad_norm for g in grad) / len(grad) if grad else math.nan,
+        "entropy_start": _mean(ent[:w]),
+        "entropy_end": _mean(ent[-w:]),
+        "entropy_min": min(ent) if ent else math.nan,
+        "collapse_low_entropy": low is not None,
+        "collapse_low_entropy_step": low,
+        "collapse_blowup": blow is not None,
+        "collapse_blowup_step": blow,
+        "collapse": low is not None or blow is not None,
+        "success_std_2nd_half": statistics.pstdev(second_half) if len(second_half) > 1 else math.nan,
+        "kl_from_init_end": kl[-1] if kl else math.nan,
+        "heldout_before": before.get("eval_acc", math.nan),
+        "heldout_after": after.get("eval_acc", math.nan),
+        "heldout_gain": after.get("eval_acc", math.nan) - before.get("eval_acc", math.nan),
+        "step_s_mean": _mean(r["step_s"] for r in steps),
+        "tokens_per_s_mean": _mean(r["tokens_per_s"] for r in steps),
+        "peak_mem_mb": max(r["peak_mem_mb"] for r in steps),
+        "train_peak_mem_mb": max((r["train_peak_mem_mb"] for r in steps if "train_peak_mem_mb" in r), default=math.nan),
+        "wall_s": summary.get("wall_s", math.nan),
+    }
+    for k in k_keys:
+        out[k.removeprefix("eval_") + "_after"] = after[k]
+    return out
+
+
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if _finite(v)]
+    return sum(values) / len(values) if values else math.nan

@@ -1,0 +1,1 @@
+"""The stability study: python -m train.study (docs/study.md)."""

@@ -1,0 +1,81 @@
+"""The study's figure: one panel per quantity over training steps (held-out accuracy, entropy, KL from init, gradient
+norm, batch success rate), one colour per arm; the line is the mean over seeds, the band the seeds' min..max."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+PANELS = (
+    # (title, y label, record kind, key)
+    ("Held-out accuracy (greedy)", "accuracy", "eval", "eval_acc"),
+    ("Policy entropy", "mean token entropy (nats)", "step", "entropy_mean"),
+    ("KL from the initial policy", "k3 estimate (nats)", "step", "kl_from_init"),
+    ("Gradient norm (before clipping)", "global L2 norm", "step", "grad_norm"),
+    ("Batch success rate (3-step mean)", "fraction correct", "step", "accuracy"),
+)
+
+
+def _series(run_dir: Path, kind: str, key: str) -> dict[int, float]:
+    out = {}
+    with open(run_dir / "metrics.jsonl") as fh:
+        for line in fh:
+            r = json.loads(line)
+            if (r.get("event") == "eval") != (kind == "eval"):
+                continue
+            v = r.get(key)
+            if v is not None and math.isfinite(v):
+                out[r["step"]] = v
+    return out
+
+
+def _smooth(series: dict[int, float], k: int = 3) -> dict[int, float]:
+    steps = sorted(series)
+    return {s: sum(series[t] for t in steps[max(0, i - k + 1) : i + 1]) / len(steps[max(0, i - k + 1) : i + 1])
+            for i, s in enumerate(steps)}  # fmt: skip
+
+
+def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8), constrained_layout=True)
+    colours = plt.get_cmap("tab10")
+    n_seeds = {}
+    for i, arm in enumerate(arms):
+        from train.study.runner import is_finished
+
+        runs = sorted(p for p in (study_dir / "runs" / arm).glob("seed*") if is_finished(p))
+        n_seeds[arm] = len(runs)
+        for ax, (_, _, kind, key) in zip(axes, PANELS):
+            per_run = [_series(r, kind, key) for r in runs]
+            if key == "accuracy":
+                per_run = [_smooth(s) for s in per_run]
+            steps = sorted(set().union(*per_run)) if per_run else []
+            steps = [s for s in steps if all(s in p for p in per_run)]  # points every seed measured
+            if not steps:
+                continue
+            vals = [[p[s] for p in per_run] for s in steps]
+            mean = [sum(v) / len(v) for v in vals]
+            c = colours(i % 10)
+            ax.plot(steps, mean, color=c, lw=1.6, marker="o" if kind == "eval" else None, ms=3, label=arm)
+            if len(per_run) > 1:
+                ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=c, alpha=0.15, lw=0)
+    for ax, (title, ylabel, _, key) in zip(axes, PANELS):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if key == "grad_norm":
+            ax.set_yscale("log")
+    seeds = sorted(set(n_seeds.values()))
+    axes[0].legend(fontsize=8, loc="best")
+    fig.suptitle(
+        f"Study regime '{regime}': mean over {'/'.join(map(str, seeds))} seeds per arm (band: min..max over seeds)",
+        fontsize=11,
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

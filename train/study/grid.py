@@ -1,0 +1,129 @@
+"""What a study runs: the arms (a name, an algorithm preset, its loss overrides), the named regimes (trainer overrides
+applied to every arm), and one run of the grid (`RunSpec`: arm x seed, its directories and its command line)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from train.config import PRESET_LOSS_DEFAULTS, TrainConfig, field_specs
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    preset: str
+    loss: str = ""  # LossConfig overrides on the preset; "" = the preset exactly as defined
+    about: str = ""
+
+    def as_dict(self) -> dict:
+        return {"preset": self.preset, "loss": self.loss, "about": self.about}
+
+
+# The arms of the S-GRPO proposal's comparison (../shared/seeds/s-grpo-reference-free.md), plus the naive reference-free
+# baseline. Each arm passes its loss overrides explicitly, so an arm never depends on the trainer's defaults.
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("grpo", "grpo", "", "GRPO with a KL penalty (beta 0.04) to a frozen reference model (DeepSeekMath)"),
+        Arm("grpo_nokl", "grpo", "beta=0", "GRPO with beta = 0: the naive reference-free baseline"),
+        Arm("gtpo", "gtpo", "", "GTPO: conflict masks, skip negative conflicts, completion entropy filter"),
+        Arm(
+            "s_grpo",
+            "s_grpo",
+            PRESET_LOSS_DEFAULTS["s_grpo"],
+            "S-GRPO as the default job runs it (completion filter at the batch's 75% entropy quantile)",
+        ),
+        Arm("s_grpo_ln2", "s_grpo", "", "S-GRPO exactly as the preset defines it (ln 2 completion entropy filter)"),
+        Arm("grpo_ef", "grpo_ef", "", "GRPO + entropy floor only (ablation)"),
+        Arm("grpo_tc", "grpo_tc", "", "GRPO + token-conflict handling only (ablation)"),
+    )
+}
+
+# The trainer overrides of the study's named regimes (applied to every arm; `--set` adds to them). Each value is what
+# `python -m train --FLAG VALUE` takes.
+REGIMES: dict[str, dict[str, str]] = {
+    # The README's default job (30 steps, 4 prompts x 8 completions, lr 5e-5, top 12 layers), with 100 held-out
+    # problems instead of 200 (the seed-to-seed spread dominates the error; see docs/study.md) evaluated every 10
+    # steps for the accuracy curve.
+    "default": {"eval_problems": "100", "eval_every": "10"},
+    # Peak memory of each arm, short (docs/study.md, "Memory"): partial fine-tuning (the default), all layers, LoRA.
+    "memory-partial": {"max_steps": "3", "eval_problems": "20", "eval_k": "0"},
+    "memory-full": {"max_steps": "3", "eval_problems": "20", "eval_k": "0", "train_layers": "-1"},
+    "memory-lora": {"max_steps": "3", "eval_problems": "20", "eval_k": "0", "lora": "true"},
+}
+
+# What the study decides itself: the run directory, seed, algorithm, threads and output; --set cannot change them.
+RESERVED = ("output_dir", "seed", "preset", "loss", "threads", "progress", "resume", "overwrite")
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """`--set field=value` items -> {field: value}, each checked now (field name and value, as the trainer's CLI would)
+    so a typo fails before hours of runs."""
+    from train.config import parse_args
+
+    specs = field_specs()
+    out: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or not key:
+            raise ValueError(f"--set {item!r}: expected field=value (e.g. --set lr=5e-4)")
+        if key not in specs:
+            raise ValueError(f"--set {item!r}: {key!r} is not a trainer field (python -m train --help lists them)")
+        if key in RESERVED:
+            raise ValueError(f"--set {item!r}: the study sets {key} itself (arms, seeds and directories are its own)")
+        out[key] = value.strip()
+    try:
+        parse_args([a for k, v in out.items() for a in (f"--{k}", v)])  # refusals print the trainer's message
+    except SystemExit:
+        raise ValueError("--set: a value was refused (the trainer's message is above)") from None
+    return out
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the grid: `arm` with `seed` under `overrides`; trains in `work_dir` (checkpoints live there), and
+    its finished files are copied to `result_dir`."""
+
+    arm: Arm
+    seed: int
+    overrides: dict[str, str] = field(hash=False)
+    work_dir: Path
+    result_dir: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.arm.name}/seed{self.seed}"
+
+    def argv(self, threads: int, resume: bool) -> list[str]:
+        args = [sys.executable, "-m", "train", "--output-dir", str(self.work_dir), "--seed", str(self.seed)]
+        args += ["--preset", self.arm.preset, "--loss", self.arm.loss, "--threads", str(threads), "--progress", "false"]
+        for k, v in self.overrides.items():
+            args += [f"--{k.replace('_', '-')}", v]
+        args.append("--resume" if resume else "--overwrite")
+        return args
+
+    def config(self) -> TrainConfig:
+        """The TrainConfig this run will use (checked before anything starts)."""
+        from train.config import parse_args
+
+        argv = self.argv(threads=1, resume=False)[3:-1]  # drop python -m train and --overwrite
+        try:
+            cfg, _ = parse_args(argv)
+        except SystemExit:
+            raise ValueError(f"{self.key}: the trainer refused its arguments (message above)") from None
+        return cfg
+
+
+def grid(arms: list[str], seeds: list[int], overrides: dict[str, str], work: Path, results: Path) -> list[RunSpec]:
+    """The runs, seed-major (every arm's seed 0 first), so that an interrupted study has whole seeds of all arms."""
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms: unknown arm(s) {unknown}; expected names from {sorted(ARMS)}")
+    return [
+        RunSpec(ARMS[a], s, dict(overrides), work / a / f"seed{s}", results / "runs" / a / f"seed{s}")
+        for s in seeds
+        for a in arms
+    ]

@@ -1,0 +1,231 @@
+"""A study's report from its committed run files alone: per-run metrics (train/stability.py), per-arm mean +- standard
+error over seeds, the paired difference of each arm against a baseline arm (same seeds), written as study.csv,
+study.json and study.md next to the runs (and the figure, train/study/figure.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+from train.metrics import write_json
+from train.stability import CollapseRules, run_metrics
+
+BASELINE = "grpo"
+
+# The table's metrics: (key, column title, format). "higher" / "lower" is not claimed: a stability metric reads
+# differently per metric (docs/study.md).
+OUTCOME = (
+    ("heldout_before", "held-out before", ".3f"),
+    ("heldout_after", "held-out after", ".3f"),
+    ("heldout_gain", "gain", "+.3f"),
+    ("pass@4_after", "pass@4 after", ".2f"),
+    ("maj@4_after", "maj@4 after", ".2f"),
+    ("step_s_mean", "step s", ".2f"),
+    ("tokens_per_s_mean", "tokens/s", ".0f"),
+    ("train_peak_mem_mb", "peak MiB (training)", ".0f"),
+)
+STABILITY = (
+    ("grad_norm_mean", "grad norm mean", ".2f"),
+    ("grad_norm_max", "grad norm max", ".2f"),
+    ("clipped_frac", "clipped", ".2f"),
+    ("entropy_start", "H start", ".2f"),
+    ("entropy_end", "H end", ".2f"),
+    ("entropy_min", "H min", ".2f"),
+    ("collapse", "collapse rate", ".2f"),
+    ("success_std_2nd_half", "success std (2nd half)", ".3f"),
+    ("kl_from_init_end", "KL from init", ".3f"),
+)
+PAIRED = ("heldout_after", "heldout_gain", "collapse", "grad_norm_mean", "entropy_end", "success_std_2nd_half",
+          "kl_from_init_end", "step_s_mean", "train_peak_mem_mb")  # fmt: skip
+
+
+def load_run(result_dir: Path) -> dict:
+    """A published run's metrics: {"arm", "seed", **run_metrics}, with the thresholds from its own config.json."""
+    cfg = json.loads((result_dir / "config.json").read_text())["train"]
+    summary = json.loads((result_dir / "summary.json").read_text())
+    with open(result_dir / "metrics.jsonl") as fh:
+        records = [json.loads(line) for line in fh if line.strip()]
+    rules = CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"])
+    return {
+        "arm": result_dir.parent.name,
+        "seed": cfg["seed"],
+        **run_metrics(records, summary, cfg["max_grad_norm"], rules),
+    }
+
+
+def load_runs(study_dir: Path) -> list[dict]:
+    """Every finished run under `study_dir`/runs/ARM/seedK (a run without summary.json is not finished: skipped)."""
+    from train.study.runner import is_finished
+
+    dirs = sorted(p for p in (study_dir / "runs").glob("*/seed*") if p.is_dir() and is_finished(p))
+    return [load_run(p) for p in dirs]
+
+
+def _num(x) -> float:
+    """A metric as a float: None (strict JSON's NaN) and a missing metric are nan; booleans 0/1."""
+    return math.nan if x is None else float(x)
+
+
+def mean_se(values: list[float]) -> dict:
+    """Mean and standard error (sample standard deviation / sqrt(n)) of the finite values; se is nan for n < 2."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    n = len(v)
+    if n == 0:
+        return {"mean": math.nan, "se": math.nan, "n": 0}
+    return {"mean": sum(v) / n, "se": statistics.stdev(v) / math.sqrt(n) if n > 1 else math.nan, "n": n}
+
+
+def arm_order(runs: list[dict], order: list[str] | None = None) -> list[str]:
+    present = {r["arm"] for r in runs}
+    first = [a for a in (order or []) if a in present]
+    return first + sorted(present - set(first))
+
+
+def aggregate(runs: list[dict], order: list[str] | None = None) -> dict[str, dict]:
+    """{arm: {metric: {mean, se, n}} plus "seeds" and "heldout_after_std_across_seeds"} over the arm's runs."""
+    out = {}
+    metrics = [k for k, _, _ in OUTCOME + STABILITY]
+    for arm in arm_order(runs, order):
+        rows = [r for r in runs if r["arm"] == arm]
+        agg = {k: mean_se([_num(r.get(k)) for r in rows]) for k in metrics}
+        agg["collapse_runs"] = {
+            "low_entropy": sum(bool(r["collapse_low_entropy"]) for r in rows),
+            "blowup": sum(bool(r["collapse_blowup"]) for r in rows),
+            "runs": len(rows),
+        }
+        after = [r["heldout_after"] for r in rows if math.isfinite(r["heldout_after"])]
+        agg["heldout_after_std_across_seeds"] = statistics.stdev(after) if len(after) > 1 else math.nan
+        agg["seeds"] = sorted(r["seed"] for r in rows)
+        out[arm] = agg
+    return out
+
+
+def paired(runs: list[dict], baseline: str = BASELINE) -> dict[str, dict]:
+    """{arm: {metric: {diff, se, n, significant}}}: the mean over shared seeds of (arm - baseline), its standard error,
+    and whether |diff| >= 2 SE (n < 2 or a zero SE with a zero difference: not significant)."""
+    base = {r["seed"]: r for r in runs if r["arm"] == baseline}
+    out = {}
+    for arm in arm_order(runs):
+        if arm == baseline or not base:
+            continue
+        rows = {r["seed"]: r for r in runs if r["arm"] == arm}
+        seeds = sorted(set(rows) & set(base))
+        out[arm] = {}
+        for k in PAIRED:
+            d = [_num(rows[s].get(k)) - _num(base[s].get(k)) for s in seeds]
+            m = mean_se(d)
+            sig = m["n"] >= 2 and math.isfinite(m["se"]) and abs(m["mean"]) >= 2 * m["se"] and m["mean"] != 0
+            out[arm][k] = {"diff": m["mean"], "se": m["se"], "n": m["n"], "significant": bool(sig)}
+    return out
+
+
+def _fmt(cell: dict, fmt: str) -> str:
+    if cell["n"] == 0 or not math.isfinite(cell["mean"]):
+        return "n/a"
+    se = f" +- {cell['se']:{fmt.lstrip('+')}}" if math.isfinite(cell["se"]) else ""
+    return f"{cell['mean']:{fmt}}{se}"
+
+
+def _table(aggs: dict, columns) -> list[str]:
+    head = "| arm | seeds | " + " | ".join(t for _, t, _ in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
+    for arm, agg in aggs.items():
+        cells = [_fmt(agg[k], f) for k, _, f in columns]
+        lines.append(f"| {arm} | {len(agg['seeds'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[dict]) -> str:
+    titles = {k: t for k, t, _ in OUTCOME + STABILITY}
+    fmts = {k: f for k, _, f in OUTCOME + STABILITY}
+    lines = [
+        f"# Study, regime `{regime}`",
+        "",
+        f"Trainer overrides on every arm: `{json.dumps(manifest.get('overrides', {}))}`. Mean +- standard error over "
+        "seeds (sample SD / sqrt(n)). Metric definitions: docs/study.md. Regenerate: "
+        f"`python -m train.study --report <this directory>`.",
+        "",
+        "## Outcome and cost",
+        "",
+        *_table(aggs, OUTCOME),
+        "",
+        "## Stability",
+        "",
+        *_table(aggs, STABILITY),
+        "",
+        "Collapse events per arm (runs with the event / runs): "
+        + "; ".join(
+            f"{a}: low-entropy {c['low_entropy']}/{c['runs']}, blow-up {c['blowup']}/{c['runs']}"
+            for a, c in ((a, g["collapse_runs"]) for a, g in aggs.items())
+        )
+        + ".",
+        "",
+        "Std across seeds of the final held-out accuracy: "
+        + ", ".join(f"{a} {g['heldout_after_std_across_seeds']:.3f}" for a, g in aggs.items())
+        + ".",
+    ]
+    if diffs:
+        lines += [
+            "",
+            f"## Paired difference against `{BASELINE}` (same seeds; mean +- SE of arm - {BASELINE})",
+            "",
+            "Marked `n.s.` when |difference| < 2 SE (not distinguishable from noise at this number of seeds).",
+            "",
+            "| arm | " + " | ".join(titles[k] for k in PAIRED) + " |",
+            "|" + "---|" * (len(PAIRED) + 1),
+        ]
+        for arm, row in diffs.items():
+            cells = []
+            for k in PAIRED:
+                c = row[k]
+                if c["n"] == 0 or not math.isfinite(c["diff"]):
+                    cells.append("n/a")
+                    continue
+                f = fmts[k].lstrip("+")
+                se = f" +- {c['se']:{f}}" if math.isfinite(c["se"]) else ""
+                cells.append(f"{c['diff']:+{f}}{se}" + ("" if c["significant"] else " n.s."))
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    total = sum(r.get("wall_s", 0.0) for r in manifest.get("runs", {}).values())
+    lines += ["", f"{len(runs)} runs; total run wall time {total / 60:.0f} min (manifest.json has each run's)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(study_dir: Path, order: list[str] | None = None, figure: bool = True) -> dict:
+    """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png)."""
+    from train.study.runner import MANIFEST
+
+    runs = load_runs(study_dir)
+    if not runs:
+        raise ValueError(f"{study_dir}: no finished runs under {study_dir / 'runs'}")
+    manifest_path = study_dir / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    regime = manifest.get("regime", study_dir.name)
+    order = order or list(manifest.get("arms", {}))
+    aggs = aggregate(runs, order)
+    diffs = paired(runs)
+    keys = list(dict.fromkeys(k for r in runs for k in r))
+    with open(study_dir / "study.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        for r in sorted(runs, key=lambda r: (arm_order(runs, order).index(r["arm"]), r["seed"])):
+            w.writerow(r)
+    write_json(
+        study_dir / "study.json",
+        {
+            "regime": regime,
+            "overrides": manifest.get("overrides"),
+            "arms": aggs,
+            f"paired_vs_{BASELINE}": diffs,
+            "runs": runs,
+        },  # fmt: skip
+        indent=2,
+    )
+    (study_dir / "study.md").write_text(markdown(regime, manifest, aggs, diffs, runs))
+    if figure:
+        from train.study.figure import plot_study
+
+        plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
+    return {"arms": aggs, "paired": diffs, "runs": runs}

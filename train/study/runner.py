@@ -1,0 +1,250 @@
+"""Runs a study's grid: one trainer process per run, `workers` at a time with the CPU threads split between them;
+a finished run is skipped, an interrupted one resumes from its checkpoint; each finished run's files are copied into
+the results tree and recorded in the manifest (git sha, versions, machine, wall time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.metrics import write_json
+from train.study.grid import RunSpec
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")  # copied to the results tree (summary.json last)
+MANIFEST = "manifest.json"
+
+
+def is_finished(result_dir: Path) -> bool:
+    """A run is finished when its results hold a valid summary.json of a completed run (final evaluation done, not
+    interrupted) next to its metrics."""
+    try:
+        summary = json.loads((result_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(summary, dict)
+        and "after" in summary
+        and not summary.get("interrupted")
+        and (result_dir / "metrics.jsonl").is_file()
+    )
+
+
+def environment() -> dict:
+    """What produced a run: git commit (and whether the tree had uncommitted changes), versions, machine."""
+    import torch
+    import transformers
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    return {
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform()},
+    }
+
+
+class Manifest:
+    """The study's manifest.json in the results directory: the regime (name and trainer overrides), the arms, and
+    one entry per finished run. A results directory holds one regime: different overrides are refused."""
+
+    def __init__(self, results: Path, regime: str, overrides: dict[str, str], arms: dict):
+        self.path = results / MANIFEST
+        self.data = {"regime": regime, "overrides": overrides, "arms": arms, "runs": {}}
+        if self.path.exists():
+            old = json.loads(self.path.read_text())
+            if old.get("overrides") != overrides:
+                raise ValueError(
+                    f"{results} holds the study of regime {old.get('regime')!r} with overrides {old.get('overrides')}; "
+                    f"this call's are {overrides}. Use another --out (or the same --regime / --set)."
+                )
+            for name, arm in arms.items():
+                if name in old.get("arms", {}) and old["arms"][name] != arm:
+                    raise ValueError(f"{results}: arm {name!r} was {old['arms'][name]}, now {arm}; use another --out")
+            self.data["runs"] = old.get("runs", {})
+            self.data["arms"] = {**old.get("arms", {}), **arms}
+
+    def record(self, key: str, entry: dict) -> None:
+        self.data["runs"][key] = entry
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, self.data, indent=2)
+
+
+@dataclass
+class Active:
+    spec: RunSpec
+    proc: subprocess.Popen
+    log: Path
+    started: float
+    resumed: bool
+
+
+def publish(spec: RunSpec) -> dict:
+    """Copies the run's files into its result directory (summary.json last: its presence marks the run finished)."""
+    spec.result_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        tmp = spec.result_dir / (name + ".tmp")
+        shutil.copyfile(spec.work_dir / name, tmp)
+        os.replace(tmp, spec.result_dir / name)
+    return json.loads((spec.result_dir / "summary.json").read_text())
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").replace("\r", "\n").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in lines[-n:])
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+
+
+def run_grid(
+    specs: list[RunSpec], manifest: Manifest, workers: int, threads: int, progress: bool = True, out=sys.stdout
+) -> tuple[int, list[str]]:
+    """Runs every unfinished spec; returns (runs finished by this call, keys of runs that failed). A KeyboardInterrupt
+    or SIGTERM stops the running trainers with SIGTERM (each checkpoints, so the next call resumes them) and
+    propagates as KeyboardInterrupt."""
+    todo = [s for s in specs if not is_finished(s.result_dir)]
+    done = len(specs) - len(todo)
+    print(
+        f"{len(specs)} runs, {done} already finished, {len(todo)} to run: "
+        f"{workers} at a time, {threads} thread(s) each",
+        file=out,
+    )
+    if not todo:
+        return 0, []
+    env = environment()
+    if env["git_dirty"]:
+        print("note: the git tree has uncommitted changes (recorded in the manifest)", file=out)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(specs), initial=done, desc="study", unit="run", dynamic_ncols=True)
+
+    def say(line: str) -> None:
+        (bar.write if bar is not None else lambda s: print(s, file=out, flush=True))(line)
+
+    active: list[Active] = []
+    failed: list[str] = []
+    finished = 0
+    queue = list(todo)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    try:
+        while queue or active:
+            while queue and len(active) < workers:
+                spec = queue.pop(0)
+                active.append(_start(spec, threads))
+            time.sleep(0.5)
+            for a in [a for a in active if a.proc.poll() is not None]:
+                active.remove(a)
+                wall = time.time() - a.started
+                rc = a.proc.returncode
+                summary = None
+                if rc == 0 and is_finished(a.spec.work_dir):
+                    summary = publish(a.spec)
+                if summary is None:
+                    failed.append(a.spec.key)
+                    say(f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}")
+                    continue
+                finished += 1
+                entry = manifest.data["runs"].get(a.spec.key, {})
+                manifest.record(
+                    a.spec.key,
+                    {
+                        **env,
+                        "arm": a.spec.arm.name,
+                        "seed": a.spec.seed,
+                        "threads": threads,
+                        "workers": workers,
+                        "wall_s": wall + (entry.get("wall_s", 0.0) if a.resumed else 0.0),
+                        "resumed": a.resumed,
+                        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "command": " ".join(a.spec.argv(threads, a.resumed)[1:]),
+                    },
+                )
+                gain = summary.get("delta")
+                collapse = _collapsed(a.spec.result_dir)
+                say(
+                    f"{a.spec.arm.name:<11} seed {a.spec.seed}: held-out "
+                    f"{summary['before']['eval_acc']:.3f} -> {summary['after']['eval_acc']:.3f} "
+                    f"(gain {gain:+.3f}), collapse {'YES' if collapse else 'no'}, {_minutes(wall)}"
+                )
+                if bar is not None:
+                    bar.update(1)
+    except BaseException:
+        for a in active:
+            if a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGTERM)  # the trainer checkpoints and exits 143; the next call resumes
+        for a in active:
+            try:
+                a.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                a.proc.kill()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return finished, failed
+
+
+def _start(spec: RunSpec, threads: int) -> Active:
+    resume = (spec.work_dir / "checkpoint").is_dir()
+    spec.work_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = spec.work_dir.parent / f"{spec.work_dir.name}.log"
+    with open(log, "a") as fh:
+        fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {'resume' if resume else 'start'}\n")
+        fh.flush()
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            spec.argv(threads, resume),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # a Ctrl-C reaches the study, which stops the trainers with SIGTERM
+        )
+    return Active(spec, proc, log, time.time(), resume)
+
+
+def _collapsed(result_dir: Path) -> bool:
+    """Either collapse rule, on the published records (train/stability.py)."""
+    from train.study.report import load_run
+
+    return bool(load_run(result_dir)["collapse"])
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
