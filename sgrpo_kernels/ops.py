@@ -20,13 +20,16 @@ from torch import Tensor
 from sgrpo_kernels.backends import Options, get, resolve, stats_dtype
 from sgrpo_kernels.validation import (
     check_flag,
+    check_global_vocab,
     check_linear_inputs,
     check_logits_inputs,
     check_memory_budget,
+    check_process_group,
     check_target_values,
     env_flag,
     env_mebibytes,
 )
+from sgrpo_kernels.vocab_parallel import LinearVP, LogitsVP, shard_range
 
 __all__ = ["linear_logprobs", "logprobs_from_logits"]
 
@@ -269,6 +272,7 @@ def linear_logprobs(
     backend: str | None = None,
     memory_budget: int | None = None,
     check_targets: bool | None = None,
+    process_group=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
 
@@ -287,8 +291,16 @@ def linear_logprobs(
         check_targets: verify that every target lies in [0, V) or equals ignore_index (env SGRPO_CHECK_TARGETS,
             default on). It costs one device-to-host sync per call; a caller that validated its targets once may
             pass False for the calls that follow.
+        process_group: a `torch.distributed` group over which the head is sharded by vocabulary (vocab parallel):
+            `weight` (and `bias`) is this rank's contiguous shard, shards in rank order, sizes may differ (a shard
+            may be empty); `targets` are global token ids; `hidden` is the same on every rank. The result is the
+            unsharded op's on every rank; the gradient of `hidden` is the full one on every rank, those of `weight`
+            and `bias` this rank's shard of the full gradient. Collectives: sgrpo_kernels/vocab_parallel.py.
     """
-    temperature, ignore_index = check_linear_inputs(hidden, weight, targets, bias, temperature, ignore_index)
+    shard = process_group is not None
+    temperature, ignore_index = check_linear_inputs(
+        hidden, weight, targets, bias, temperature, ignore_index, shard=shard
+    )
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
@@ -302,9 +314,16 @@ def linear_logprobs(
         ),
     )
     lead = targets.shape
-    logp, entropy, _ = linear_logprobs_fwd(
-        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(), bias, *call.pack()
-    )
+    h2, t1 = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
+    if shard:
+        group = check_process_group(process_group, "linear_logprobs")
+        offset, _, vocab = shard_range(weight.shape[0], group, hidden.device)
+        check_global_vocab(vocab, "linear_logprobs")
+        if call.check_targets:
+            check_target_values(t1, vocab, ignore_index)
+        logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
+    else:
+        logp, entropy, _ = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
 
@@ -319,6 +338,7 @@ def logprobs_from_logits(
     memory_budget: int | None = None,
     inplace_backward: bool = False,
     check_targets: bool | None = None,
+    process_group=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
 
@@ -332,8 +352,12 @@ def logprobs_from_logits(
             Refused for a leaf that requires grad and for any view of one (its data would become its gradient);
             allowed for non-leaf tensors and their views, e.g. `(hidden @ weight.T).view(B, T, V)`.
         backend, memory_budget, check_targets: as in `linear_logprobs`.
+        process_group: the logits are this rank's contiguous vocabulary shard (N, V_r) over a `torch.distributed`
+            group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
+            `inplace_backward` is not supported with it.
     """
-    temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index)
+    shard = process_group is not None
+    temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index, shard=shard)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
     if inplace_backward and _aliases_grad_leaf(logits):
@@ -352,7 +376,17 @@ def logprobs_from_logits(
         ),
     )
     lead = targets.shape
-    logp, entropy, _ = logprobs_from_logits_fwd(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), *call.pack()
-    )
+    t1 = targets.reshape(-1).long()
+    l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
+    if shard:
+        if inplace_backward:
+            raise ValueError("inplace_backward=True is not supported with process_group (vocab-sharded logits)")
+        group = check_process_group(process_group, "logprobs_from_logits")
+        offset, _, vocab = shard_range(logits.shape[-1], group, logits.device)
+        check_global_vocab(vocab, "logprobs_from_logits")
+        if call.check_targets:
+            check_target_values(t1, vocab, ignore_index)
+        logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
+    else:
+        logp, entropy, _ = logprobs_from_logits_fwd(l2, t1, *call.pack())
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)

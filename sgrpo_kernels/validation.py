@@ -216,9 +216,16 @@ def check_target_values(targets: Tensor, vocab: int, ignore_index: int) -> None:
 
 
 def check_linear_inputs(
-    hidden: object, weight: object, targets: object, bias: object, temperature: object, ignore_index: object
+    hidden: object,
+    weight: object,
+    targets: object,
+    bias: object,
+    temperature: object,
+    ignore_index: object,
+    shard: bool = False,
 ) -> tuple[float, int]:
-    """Every argument of `linear_logprobs` except the value range of targets; returns (temperature, ignore_index)."""
+    """Every argument of `linear_logprobs` except the value range of targets; returns (temperature, ignore_index).
+    `shard`: `weight` is one rank's vocabulary shard, which may be empty (V = 0 rows)."""
     hidden = check_float_tensor("hidden", hidden)
     weight = check_float_tensor("weight", weight)
     if hidden.dim() < 1:
@@ -226,7 +233,7 @@ def check_linear_inputs(
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D with shape (V, D), got shape {shape_str(weight)}")
     V, D = weight.shape
-    if V == 0:
+    if V == 0 and not shard:
         raise ValueError("weight has V = 0 rows: the vocabulary must not be empty")
     if D == 0:
         raise ValueError(f"weight has shape {shape_str(weight)}: the hidden size D must not be 0")
@@ -252,13 +259,34 @@ def check_linear_inputs(
 
 
 def check_logits_inputs(
-    logits: object, targets: object, temperature: object, ignore_index: object
+    logits: object, targets: object, temperature: object, ignore_index: object, shard: bool = False
 ) -> tuple[float, int]:
-    """Every argument of `logprobs_from_logits` except the value range of targets."""
+    """Every argument of `logprobs_from_logits` except the value range of targets (`shard`: the last dim is one rank's
+    vocabulary shard, which may be empty)."""
     logits = check_float_tensor("logits", logits)
     if logits.dim() < 1:
         raise ValueError("logits must have shape (..., V), got a 0-d tensor")
-    if logits.shape[-1] == 0:
+    if logits.shape[-1] == 0 and not shard:
         raise ValueError(f"logits has shape {shape_str(logits)}: the vocabulary (last dim) must not be empty")
     check_targets(targets, logits.shape[:-1], "logits", logits.device)
     return check_temperature(temperature), check_ignore_index(ignore_index)
+
+
+def check_process_group(group: object, op: str):
+    """`process_group` of a vocab-parallel call: torch.distributed initialized and a ProcessGroup (or the default
+    group's `torch.distributed.group.WORLD`)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{op}: process_group was given but torch.distributed is not initialized; call "
+            "torch.distributed.init_process_group first (or pass process_group=None for a single-process call)"
+        )
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{op}: process_group must be a torch.distributed ProcessGroup, got {type(group).__name__}")
+    return group
+
+
+def check_global_vocab(size: int, op: str) -> None:
+    if size == 0:
+        raise ValueError(f"{op}: every rank's vocabulary shard is empty (global V = 0)")

@@ -9,6 +9,7 @@ from sgrpo_kernels.ops import linear_logprobs
 from sgrpo_kernels.rl.config import LossConfig
 from sgrpo_kernels.rl.loss import policy_loss
 from sgrpo_kernels.validation import check_float_tensor, check_int_tensor, check_mask, check_rank
+from sgrpo_kernels.vocab_parallel import shard_range
 
 __all__ = ["sgrpo_loss"]
 
@@ -34,6 +35,7 @@ def sgrpo_loss(
     backend: str | None = None,
     memory_budget: int | None = None,
     check_targets: bool | None = None,
+    process_group=None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
 
@@ -58,6 +60,9 @@ def sgrpo_loss(
         ignore_index, backend, memory_budget, check_targets: forwarded to ``linear_logprobs`` (``check_targets``
             costs one host sync per call; a trainer that calls several times per step on the same targets can check
             on the first call only).
+        process_group: the LM head is sharded by vocabulary over this ``torch.distributed`` group (``weight`` /
+            ``bias`` are this rank's shard; ``targets`` global ids): as in ``linear_logprobs``. The loss and metrics
+            are the same on every rank; ``weight`` gets this rank's shard of the gradient.
 
     Returns:
         ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
@@ -93,7 +98,11 @@ def sgrpo_loss(
         backend=backend,
         memory_budget=memory_budget,
         check_targets=check_targets,
+        process_group=process_group,
     )
+    vocab = int(weight.shape[0])
+    if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)
+        vocab = shard_range(vocab, process_group, hidden.device)[2]
     return policy_loss(
         logp,
         advantages,
@@ -106,5 +115,5 @@ def sgrpo_loss(
         conflict_counts=conflict_counts,
         rewards=rewards,
         group_size=group_size,
-        vocab_size=int(weight.shape[0]),
+        vocab_size=vocab,
     )
