@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from train.stability import CollapseRules, entropy_blowup, first_event, low_entropy_collapse, run_metrics
+from train.stability import (
+    CollapseRules,
+    entropy_blowup,
+    first_event,
+    low_entropy_collapse,
+    run_metrics,
+    signal_death,
+)
 
 RULES = CollapseRules(window=3, low_entropy=0.05, rise_factor=2.0, rise_min=0.5, drop=0.1)
 
@@ -62,6 +69,21 @@ def test_entropy_blowup_rule():
     # records without format_frac (older runs) never trip it
     old = [{k: v for k, v in r.items() if k != "format_frac"} for r in traj(ent, acc, fmt)]
     assert not entropy_blowup(old, RULES)
+
+
+def test_signal_death_rule():
+    # the stress search's grpo_nokl: the batch goes all-wrong with no learning signal at moderate entropy
+    acc = [0.1, 0.3, 0.2, 0.0, 0.0, 0.05, 0.0, 0.0, 0.0]
+    zv = [0.75, 0.5, 0.5, 1.0, 1.0, 0.75, 1.0, 1.0, 1.0]
+    steps = traj([1.3, 1.0, 0.6, 0.4, 0.35, 0.35, 0.35, 0.35, 0.35], acc, zero_var=zv)
+    assert first_event(steps, signal_death, RULES) == 9  # steps 7, 8, 9; steps 4-5 are only 2 in a row
+    assert first_event(steps, low_entropy_collapse, RULES) is None  # entropy 0.35 > 0.05
+    assert first_event(steps, entropy_blowup, RULES) is None  # entropy fell
+    # a run that never had a correct completion (e.g. a random model) is not a collapse of this kind
+    never = traj([1.0] * 6, [0.0] * 6, zero_var=[1.0] * 6)
+    assert first_event(never, signal_death, RULES) is None
+    # all wrong but with signal left (groups differ in reward, e.g. a format reward) is not dead
+    assert first_event(traj([1.0] * 9, acc, zero_var=[0.9] * 9), signal_death, RULES) is None
 
 
 # ----------------------------------------------------------------------------------------------------- metrics
@@ -111,7 +133,7 @@ def test_aggregate_and_paired_hand_computed():
 
     def run(arm, seed, after, collapse=False):
         return {"arm": arm, "seed": seed, "heldout_after": after, "heldout_gain": after - 0.2, "collapse": collapse,
-                "collapse_low_entropy": collapse, "collapse_blowup": False}  # fmt: skip
+                "collapse_low_entropy": collapse, "collapse_blowup": False, "collapse_signal_death": False}  # fmt: skip
 
     runs = [run("grpo", 0, 0.40), run("grpo", 1, 0.50), run("grpo", 2, 0.60)]
     runs += [run("s_grpo", 0, 0.50), run("s_grpo", 1, 0.70), run("s_grpo", 2, 0.60, collapse=True)]
@@ -120,7 +142,7 @@ def test_aggregate_and_paired_hand_computed():
     assert agg["grpo"]["heldout_after"]["mean"] == pytest.approx(0.5)
     assert agg["grpo"]["heldout_after"]["se"] == pytest.approx(0.1 / math.sqrt(3))  # sd 0.1
     assert agg["s_grpo"]["collapse"]["mean"] == pytest.approx(1 / 3)
-    assert agg["s_grpo"]["collapse_runs"] == {"low_entropy": 1, "blowup": 0, "runs": 3}
+    assert agg["s_grpo"]["collapse_runs"] == {"low_entropy": 1, "blowup": 0, "signal_death": 0, "runs": 3}
     assert agg["s_grpo"]["heldout_after_std_across_seeds"] == pytest.approx(0.1)
     d = paired(runs)["s_grpo"]["heldout_after"]
     # differences 0.1, 0.2, 0.0: mean 0.1, sd 0.1, se 0.0577 -> 0.1 < 2 SE: not significant

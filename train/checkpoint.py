@@ -107,10 +107,22 @@ def _require(cond: bool, file: Path, what: str, problem: str) -> None:
 
 
 def save_checkpoint(
-    directory: Path, *, model, optimizer, scheduler, step: int, rngs: dict, loop: dict, cfg, loss_cfg
+    directory: Path,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    step: int,
+    rngs: dict,
+    loop: dict,
+    cfg,
+    loss_cfg,
+    world_size: int = 1,
+    rank_rngs: list[dict] | None = None,
 ) -> Path:
     """Write directory/state.pt. Refuses (CheckpointError) to save a non-finite trained weight: the last good
-    checkpoint stays."""
+    checkpoint stays. A torchrun job saves its world size and every rank's RNG states (`rank_rngs`, in rank
+    order; `rngs` is rank 0's)."""
     file = Path(directory) / STATE_FILE
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
     bad = [n for n, t in trainable.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -129,7 +141,10 @@ def save_checkpoint(
         "loop": {k: loop[k] for k in LOOP_KEYS},
         "config": dataclasses.asdict(cfg),
         "loss_config": dataclasses.asdict(loss_cfg),
+        "world_size": world_size,
     }
+    if rank_rngs is not None:
+        payload["rank_rngs"] = rank_rngs
     Path(directory).mkdir(parents=True, exist_ok=True)
     atomic_save(payload, file)
     return file
@@ -158,6 +173,12 @@ def read_checkpoint(file: Path) -> dict:
     }
     for key, typ in types.items():
         _require(isinstance(ck.get(key), typ), file, what, f"{key!r} missing or not a {typ.__name__}")
+    world = ck.setdefault("world_size", 1)  # checkpoints of a single process written before it was recorded
+    _require(isinstance(world, int) and world >= 1, file, what, f"world_size {world!r} is not an int >= 1")
+    if world > 1:
+        ranks = ck.get("rank_rngs")
+        ok = isinstance(ranks, list) and len(ranks) == world and all(isinstance(r, dict) for r in ranks)
+        _require(ok, file, what, f"world_size {world} but no RNG states for each of its ranks")
     _require(ck["step"] >= 0, file, what, "negative step")
     _require(
         all(isinstance(k, str) and isinstance(v, Tensor) for k, v in ck["trainable"].items()),

@@ -14,13 +14,21 @@ from train.setup import Run, fork_rng, progress_bar
 
 @torch.no_grad()
 def evaluate(
-    model, tok, problems, cfg: TrainConfig, engine=None, system_prompt: str | None = None, desc: str = "held-out eval"
+    model,
+    tok,
+    problems,
+    cfg: TrainConfig,
+    engine=None,
+    system_prompt: str | None = None,
+    desc: str = "held-out eval",
+    k_subset=None,
 ) -> dict:
-    """Held-out greedy accuracy (with its standard error), and pass@k / maj@k from k samples at the train temperature.
-    Uses its own RNG (forked), so evaluating never changes the training trajectory. A progress bar named `desc` counts
-    the problems (greedy, then sampled) when `cfg.progress`."""
+    """Held-out greedy accuracy (with its standard error), and pass@k / maj@k from k samples at the train temperature
+    on `k_subset` (default: the first `eval_k_problems` problems). Uses its own RNG (forked), so evaluating never
+    changes the training trajectory. A progress bar named `desc` counts the problems (greedy, then sampled) when
+    `cfg.progress`. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over ranks."""
     k = cfg.eval_k
-    subset = problems[: cfg.eval_k_problems] if k > 0 else []
+    subset = (problems[: cfg.eval_k_problems] if k_subset is None else k_subset) if k > 0 else []
     bar = progress_bar(cfg, len(problems) + len(subset), desc)
 
     def run(greedy: bool, n: int, probs) -> list[str]:
@@ -48,24 +56,25 @@ def evaluate(
         with fork_rng(device):
             torch.manual_seed(cfg.seed + 12345)
             greedy = run(True, 1, problems)
-            acc = sum(answers_match_text(t, p.answer) for t, p in zip(greedy, problems)) / len(problems)
+            n_right = sum(answers_match_text(t, p.answer) for t, p in zip(greedy, problems))
+            counts = {"right": n_right, "n": len(problems), "k_n": len(subset)}
+            acc = n_right / len(problems) if problems else math.nan
             out = {
                 "eval_acc": acc,
-                "eval_acc_se": math.sqrt(acc * (1 - acc) / len(problems)),
+                "eval_acc_se": math.sqrt(acc * (1 - acc) / len(problems)) if problems else math.nan,
                 "eval_n": len(problems),
                 "eval_samples": [
                     {"q": p.question, "answer": p.answer, "greedy": t} for p, t in zip(problems[:5], greedy[:5])
                 ],
             }
             if k > 0:
-                sampled = run(False, k, subset)
+                sampled = run(False, k, subset) if subset else []
                 groups = [sampled[i * k : (i + 1) * k] for i in range(len(subset))]
-                out[f"eval_pass@{k}"] = sum(
-                    any(answers_match_text(t, p.answer) for t in g) for g, p in zip(groups, subset)
-                ) / len(subset)
-                out[f"eval_maj@{k}"] = sum(answers_match(majority(g), p.answer) for g, p in zip(groups, subset)) / len(
-                    subset
-                )
+                counts["pass"] = sum(any(answers_match_text(t, p.answer) for t in g) for g, p in zip(groups, subset))
+                counts["maj"] = sum(answers_match(majority(g), p.answer) for g, p in zip(groups, subset))
+                out[f"eval_pass@{k}"] = counts["pass"] / len(subset) if subset else math.nan
+                out[f"eval_maj@{k}"] = counts["maj"] / len(subset) if subset else math.nan
+            out["eval_counts"] = counts
     finally:
         if bar is not None:
             bar.close()
@@ -81,10 +90,32 @@ def heldout_eval(run: Run, step: int, label: str | None = None) -> dict:
     """`evaluate` on the held-out set at `step` -> its eval event record (printed when `label` is given). The caller
     writes it to metrics.jsonl."""
     name = label or f"step {step}"
-    ev = evaluate(run.model, run.tok, run.heldout, run.cfg, run.engine, run.system_prompt, f"held-out eval ({name})")
+    desc = f"held-out eval ({name})"
+    if run.dist.enabled:
+        ev = split_eval(run, desc)
+    else:
+        ev = evaluate(run.model, run.tok, run.heldout, run.cfg, run.engine, run.system_prompt, desc)
+    ev.pop("eval_counts")
     if label is not None:
         print(f"held-out {label + ':':<7} acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
     return {"step": step, "event": "eval", **ev}
+
+
+def split_eval(run: Run, desc: str) -> dict:
+    """The held-out evaluation of a torchrun job: rank r takes problems r, r + W, r + 2W, ... (and of the pass@k
+    subset the same way); the counts are summed over ranks into the same rates a single process reports."""
+    r, w, k = run.dist.rank, run.dist.world, run.cfg.eval_k
+    mine, subset = run.heldout[r::w], run.heldout[: run.cfg.eval_k_problems][r::w]
+    ev = evaluate(run.model, run.tok, mine, run.cfg, run.engine, run.system_prompt, desc, k_subset=subset)
+    totals = {key: sum(c[key] for c in run.dist.objects(ev["eval_counts"])) for key in ev["eval_counts"]}
+    acc = totals["right"] / totals["n"]
+    out = {"eval_acc": acc, "eval_acc_se": math.sqrt(acc * (1 - acc) / totals["n"]), "eval_n": totals["n"]}
+    out["eval_samples"] = ev["eval_samples"]  # rank 0's first problems
+    if k > 0:
+        out[f"eval_pass@{k}"] = totals["pass"] / totals["k_n"]
+        out[f"eval_maj@{k}"] = totals["maj"] / totals["k_n"]
+    out["eval_counts"] = totals
+    return out
 
 
 def compare_heldout(summary: dict) -> None:

@@ -17,8 +17,11 @@ train/checkpoint.py, train/metrics.py, train/rundir.py.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,19 +32,19 @@ from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats, prepare_groups
-from train.checkpoint import rng_snapshot
+from train.checkpoint import STATE_FILE, read_checkpoint, rng_snapshot
 from train.config import TrainConfig
-from train.errors import TrainError
+from train.distributed import Dist, from_env, shutdown
+from train.errors import Refused, TrainError
 from train.evaluate import compare_heldout, heldout_eval
 from train.lock import RunLock
-from train.metrics import MetricsLog, write_json
+from train.metrics import MetricsLog, NullLog, write_json
 from train.model import head_weight
 from train.rewards import format_reward
 from train.rollout import Batch, rollout
 from train.rundir import open_output_dir
 from train.setup import (
     Run,
-    completion_hidden,
     completion_targets,
     kl_from_init,
     progress_bar,
@@ -143,7 +146,8 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
         for epoch in range(cfg.ppo_epochs):
             which = f"epoch {epoch + 1}/{cfg.ppo_epochs}"
             run.optimizer.zero_grad(set_to_none=True)
-            hidden = completion_hidden(model, batch, G)  # [N, T, D]: the policy forward never makes logits
+            # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
+            hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
             loss, metrics = sgrpo_loss(
                 hidden,
                 head_weight(model),
@@ -159,7 +163,7 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
                 backend=cfg.backend,
                 check_targets=next(check),
             )
-            if not torch.isfinite(loss):
+            if run.dist.any(not bool(torch.isfinite(loss))):  # on any rank: every rank skips (they stay in step)
                 skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
                 notes.append(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
                 continue
@@ -235,23 +239,35 @@ def step_record(
             "loss": m["loss"],
             "kl_ref": m["kl"],
         }
+    formatted = torch.tensor(sum(format_reward(t) for t in batch.texts) / len(batch.texts), dtype=torch.float64)
+    rewards, correct = batch.rewards, batch.correct.float()
+    if run.dist.enabled:  # the global batch's numbers: rank means of equal-sized shares, the rewards gathered
+        keys = list(on_device)
+        means = run.dist.mean(torch.stack([on_device[k].float() for k in keys] + [formatted.to(run.device)]))
+        on_device = {k: means[i] for i, k in enumerate(keys)}
+        on_device["n_tok"] = on_device["n_tok"] * run.dist.world
+        formatted = means[-1]
+        rewards = run.dist.cat(rewards.to(run.dist.device)).cpu()
+        correct = run.dist.cat(correct.to(run.dist.device)).cpu()
     v = metrics_to_floats(on_device)
     lv = v if m is not None else NO_LOSS
-    n_tok = int(v["n_tok"])
+    n_tok = int(round(v["n_tok"]))
+    n_seq = len(rewards)
     step_s = time.time() - t0
     return {
         "step": step,
-        "reward_mean": float(batch.rewards.mean()),
-        "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
-        "accuracy": float(batch.correct.float().mean()),
-        "format_frac": sum(format_reward(t) for t in batch.texts) / len(batch.texts),
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if n_seq > 1 else 0.0,
+        "accuracy": float(correct.mean()),
+        "format_frac": float(formatted),
+        "completions": n_seq,
         "zero_var_frac": v["zero_var_frac"],
         "entropy_mean": lv["entropy_mean"],
         "grad_norm": update.grad_norm,
         "clip_frac": lv["clip_frac"],
         "masked_frac": lv["masked_frac"],
         "filtered_frac": lv["filtered_frac"],
-        "completion_len": n_tok / len(batch.texts),
+        "completion_len": n_tok / n_seq,
         "kl_from_init": None,  # measured by the "kl" phase on the steps it is due
         "loss": lv["loss"],
         "kl_ref": lv["kl_ref"],
@@ -282,7 +298,10 @@ def train_step(run: Run, state: LoopState) -> None:
     `policy_update`; then, with signals held, the step counts: step, RNG states after it, its record, its phases."""
     cfg = run.cfg
     t0 = time.time()
-    problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
+    problems = run.task.sample(cfg.prompts_per_step, run.task_rng)  # the same on every rank of a torchrun job
+    if run.dist.enabled:  # this rank's whole groups
+        share = cfg.prompts_per_step // run.dist.world
+        problems = problems[run.dist.rank * share : (run.dist.rank + 1) * share]
     batch = rollout(
         run.model,
         run.tok,
@@ -377,9 +396,10 @@ def run_to_end(run: Run, state: LoopState, log: MetricsLog, bar: TrainBar) -> No
     """Pending phases first, then steps until `max_steps` or the time budget, then the final phases."""
     t_train = time.time()
     while True:
+        STOP.stop_together(run.dist.any)  # torchrun job: a signal on any rank stops every rank here, together
         if state.pending:
             run_phase(run, state, log, bar)
-        elif state.step < run.cfg.max_steps and not over_budget(run.cfg, state, t_train):
+        elif state.step < run.cfg.max_steps and not run.dist.any(over_budget(run.cfg, state, t_train)):
             train_step(run, state)
         elif not state.finished:  # training is over: checkpoint it (unless just done), the final eval, checkpoint
             state.pending = (["save"] if state.saved_step != state.step else []) + ["after", "save"]
@@ -439,7 +459,9 @@ def write_summary(run: Run, state: LoopState, stopped_by: str | None, t_start: f
     summary["wall_s"] = time.time() - t_start
     summary["interrupted"] = stopped_by is not None
     summary["signal"] = stopped_by
-    write_json(run.out_dir / "summary.json", summary, indent=2)
+    summary["world_size"] = run.dist.world
+    if run.dist.is_main:
+        write_json(run.out_dir / "summary.json", summary, indent=2)
     return summary
 
 
@@ -449,18 +471,57 @@ def write_summary(run: Run, state: LoopState, stopped_by: str | None, t_start: f
 def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> dict:
     """Run RL training; returns a summary dict (also written to OUTPUT_DIR/summary.json). A Ctrl-C or SIGTERM
     checkpoints the run and returns (summary["interrupted"], summary["signal"]); any other exception checkpoints it
-    (when the state is consistent) and propagates. The output directory is locked for the length of the call."""
+    (when the state is consistent) and propagates. The output directory is locked for the length of the call.
+
+    Under torchrun (WORLD_SIZE > 1) every rank runs this: data-parallel over whole groups, rank 0 writes the files,
+    the other ranks print nothing (README, "More than one device")."""
     t_start = time.time()
+    ctx = from_env(cfg.device)
+    try:
+        if ctx.enabled:
+            check_world(cfg, ctx)
+        quiet = open(os.devnull, "w") if not ctx.is_main else None
+        with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext():
+            try:
+                return _train(cfg, loss_overrides, model_and_tokenizer, ctx, t_start)
+            finally:
+                if quiet:
+                    quiet.close()
+    finally:
+        shutdown(ctx)
+
+
+def check_world(cfg: TrainConfig, ctx: Dist) -> None:
+    if cfg.prompts_per_step % ctx.world:
+        raise Refused(
+            f"--prompts-per-step {cfg.prompts_per_step} cannot be split into whole groups over {ctx.world} processes: "
+            f"use a multiple of {ctx.world} (each rank rolls out prompts_per_step / {ctx.world} prompts)"
+        )
+
+
+def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, ctx: Dist, t_start: float) -> dict:
+    if not ctx.is_main:
+        cfg = dataclasses.replace(cfg, progress=False)
     loss_cfg = cfg.loss_config(loss_overrides)
-    with RunLock(cfg.output_dir), STOP:
-        ckpt = open_output_dir(cfg, loss_cfg)  # refuses a mix of runs; --resume: the checked checkpoint
-        run = setup(cfg, loss_overrides, model_and_tokenizer)
+    with RunLock(cfg.output_dir) if ctx.is_main else contextlib.nullcontext(), STOP:
+        STOP.collective = ctx.enabled
+        ckpt = open_output_dir(cfg, loss_cfg) if ctx.is_main else None  # refuses a mix of runs; --resume: checked
+        ctx.barrier()  # (rank 0 may have deleted an old run: --overwrite)
+        if cfg.resume and not ctx.is_main:
+            ckpt = read_checkpoint(Path(cfg.output_dir) / "checkpoint" / STATE_FILE)
+        if ckpt is not None and ckpt["world_size"] != ctx.world:
+            raise Refused(
+                f"--resume: {cfg.output_dir} was trained by {ckpt['world_size']} process(es), this job has "
+                f"{ctx.world}: resume with the same number (torchrun --nproc_per_node {ckpt['world_size']})"
+            )
+        run = setup(cfg, loss_overrides, model_and_tokenizer, ctx)
         state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
         reset_train_peak(run.device)  # train_peak_mem_mb: from here on (the models are resident, loading is over)
         if state.finished and state.step >= cfg.max_steps and not state.pending:
             print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
         stopped_by = None
-        with MetricsLog(run.out_dir / "metrics.jsonl", keep) as log:
+        log_file = MetricsLog(run.out_dir / "metrics.jsonl", keep) if ctx.is_main else NullLog(keep)
+        with log_file as log:
             bar = TrainBar(cfg, state.step, run.loss_cfg.name)
             try:
                 run_to_end(run, state, log, bar)

@@ -76,3 +76,20 @@ class MetricsLog:
     def __exit__(self, *exc) -> None:
         self._file.close()
         self._file = None
+
+
+class NullLog:
+    """The metrics log of a torchrun rank other than 0: counts the records (the checkpoint's bookkeeping stays the
+    same on every rank) and writes nothing (rank 0 writes the one metrics.jsonl)."""
+
+    def __init__(self, keep_lines: int | None = None):
+        self.lines = keep_lines or 0
+
+    def __enter__(self) -> NullLog:
+        return self
+
+    def write(self, record: dict) -> None:
+        self.lines += 1
+
+    def __exit__(self, *exc) -> None:
+        pass

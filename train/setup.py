@@ -17,6 +17,7 @@ from sgrpo_kernels.rl import LossConfig
 from sgrpo_kernels.validation import check_target_values
 from train.checkpoint import load_probe, save_probe
 from train.config import TrainConfig
+from train.distributed import ALONE, Dist
 from train.guard import StepGuard
 from train.metrics import write_json
 from train.model import (
@@ -51,6 +52,33 @@ def completion_hidden(model, batch: Batch, group_size: int) -> torch.Tensor:
         batch.completion_mask,
         group_size,
     )
+
+
+class PolicyHidden(torch.nn.Module):
+    """The policy's forward as a module, (prompt ids/mask, completion ids/mask) -> hidden states [N, T, D]
+    (`completion_hidden`). Under torchrun it is wrapped in DistributedDataParallel, so the gradients of the weights
+    it holds, the LM head's included (used by `sgrpo_loss` on these hidden states), are averaged across ranks in the
+    backward."""
+
+    def __init__(self, model, group_size: int):
+        super().__init__()
+        self.model, self.group_size = model, group_size
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> Tensor:
+        g = self.group_size
+        return policy_hidden_grouped(self.model, prompt_ids[::g], prompt_mask[::g], completion_ids, completion_mask, g)
+
+
+def data_parallel(model, group_size: int, ctx: Dist) -> torch.nn.Module:
+    """`PolicyHidden` of `model`; DDP-wrapped in a job of several processes (it checks that every rank holds the same
+    weights, and averages the gradients)."""
+    module = PolicyHidden(model, group_size)
+    if not ctx.enabled:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = next(model.parameters()).device
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 @torch.no_grad()
@@ -119,26 +147,31 @@ class Run:
     system_prompt: str | None
     probe: dict | None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
     guard: StepGuard  # undo of an optimizer step (non-finite weights after it, or an exception inside it)
+    policy: torch.nn.Module  # PolicyHidden of `model`: the training forward (DDP-wrapped under torchrun)
+    dist: Dist = ALONE  # this process's place in a torchrun job
 
     @property
     def ckpt_dir(self) -> Path:
         return self.out_dir / "checkpoint"
 
 
-def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None) -> Run:
+def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokenizer=None, ctx: Dist = ALONE) -> Run:
     """Everything before the first step, in the order that fixes the random stream: the run directory and its
     config.json, the policy (and the reference model of the KL presets), optimizer and schedule, the rollout engine,
-    the task and its held-out set, the KL-from-init probe."""
+    the task and its held-out set, the KL-from-init probe. In a torchrun job (`ctx`) every rank builds the same
+    model and probe; rank 0 writes the files; each rank then gets its own sampling seed."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     loss_cfg = cfg.loss_config(loss_overrides)  # preset + cfg.loss + --loss.FIELD
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(
-        out_dir / "config.json", {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg)}, indent=2
-    )
+    if ctx.is_main:
+        config = {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg), "world_size": ctx.world}
+        write_json(out_dir / "config.json", config, indent=2)
 
     device = resolve_device(cfg.device)
+    if ctx.enabled and device.type == "cuda":
+        device = torch.device("cuda", ctx.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     torch.manual_seed(cfg.seed)
     if model_and_tokenizer is None:
@@ -174,7 +207,9 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     task_rng = random.Random(cfg.seed)
     heldout = task.heldout(cfg.eval_problems, cfg.seed)
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
-    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device)
+    probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)
+    if ctx.enabled:  # rollouts differ across ranks (a run of one process keeps the stream it always had)
+        torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
     return Run(
         cfg=cfg,
         loss_cfg=loss_cfg,
@@ -193,6 +228,8 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         system_prompt=system_prompt,
         probe=probe,
         guard=StepGuard([(n, p) for n, p in model.named_parameters() if p.requires_grad], optimizer),
+        policy=data_parallel(model, cfg.group_size, ctx),
+        dist=ctx,
     )
 
 
@@ -226,7 +263,9 @@ def fork_rng(device: torch.device):
 PROBE_CHUNK = 4  # probe prompts per rollout call (the bar's unit)
 
 
-def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path, device) -> dict | None:
+def kl_probe(
+    cfg: TrainConfig, model, tok, task, system_prompt: str | None, path: Path, device, write: bool = True
+) -> dict | None:
     """KL-from-init probes: completions sampled once from the initial policy; their initial log-probs are cached, so
     no reference model stays resident. Stored in the run directory (plain tensors and texts) so a resumed run uses
     the same probes. The probe's targets are range-checked here, once: the per-step KL (`kl_from_init`) skips that
@@ -268,7 +307,8 @@ def kl_probe(cfg: TrainConfig, model, tok, task, system_prompt: str | None, path
         bar.close()
     probe_batch = concat_batches(chunks, tok.pad_token_id)
     probe = {"batch": probe_batch, "logp0": token_logprobs(model, probe_batch, cfg.temperature, cfg.backend, 1)}
-    save_probe(path, probe_batch, probe["logp0"])
+    if write:  # (every rank of a torchrun job computes the same probe; rank 0 writes it)
+        save_probe(path, probe_batch, probe["logp0"])
     return probe
 
 

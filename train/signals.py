@@ -3,6 +3,9 @@
 `STOP` is installed for the length of `train()` (main thread only). Between `STOP.hold()` and `STOP.release()` (an
 optimizer step and the bookkeeping that makes it count; the bookkeeping of each finished phase; an emergency save), a
 signal is remembered instead of raised, and raised by `release()`: a checkpoint never sees half of an update.
+
+In a torchrun job (`collective = True`) a signal is only ever remembered: the ranks agree at each phase boundary
+(`pending_anywhere`) and stop together, so no rank leaves the others waiting inside a collective.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ class StopSignals:
         self._previous: dict = {}
         self._held = False
         self._pending: int | None = None  # a signal that arrived while held
+        self.collective = False  # torchrun job: never raise from the handler or release(); see pending_anywhere
 
     def __enter__(self) -> StopSignals:
-        self._held, self._pending = False, None
+        self._held, self._pending, self.collective = False, None, False
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNAL_NAMES:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -50,7 +54,7 @@ class StopSignals:
         return Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
 
     def _handle(self, signum, frame) -> None:
-        if not self._held:
+        if not self._held and not self.collective:
             raise self._exception(signum)
         if self._pending is None:
             print(f"\n{SIGNAL_NAMES[signum]}: stopping as soon as this is recorded", file=sys.stderr, flush=True)
@@ -74,9 +78,18 @@ class StopSignals:
         """Lets signals through again; raises the one that came while held (unless `raise_pending` is False, on the
         way out of another exception: that one is already stopping the run)."""
         self._held = False
+        if self.collective:  # kept for the next phase boundary
+            return
         signum, self._pending = self._pending, None
         if signum is not None and raise_pending:
             raise self._exception(signum)
+
+    def stop_together(self, any_rank) -> None:
+        """Collective mode, at a phase boundary on every rank: when a signal reached any rank (`any_rank(flag)`: one
+        all-reduce), every rank raises (SIGTERM's exception unless this rank got a SIGINT)."""
+        if self.collective and any_rank(self._pending is not None):
+            signum, self._pending = self._pending, None
+            raise self._exception(signum if signum is not None else signal.SIGTERM)
 
 
 STOP = StopSignals()

@@ -22,7 +22,13 @@ class CollapseRules:
     Entropy blow-up (the negative-gradient collapse GTPO describes): over `window` consecutive steps, the mean token
     entropy is at least `rise_factor` x its initial value (the mean of the first `window` steps) and at least
     `rise_min` nats above it, while both the batch reward (accuracy) and the format rate fall at least `drop` below
-    their initial values."""
+    their initial values.
+
+    Signal death (found by the study's stress search, docs/study.md): over `window` consecutive steps, no completion
+    of the batch is correct and every group's rewards are equal (zero_var_frac == 1), in a run whose first `window`
+    steps had correct completions. GRPO then has no advantage left to learn from (without a KL term nothing pulls the
+    policy back): the degenerate output is permanent. It catches what the other two miss, a policy that degenerates
+    at moderate entropy (e.g. "A + + + + =" at 0.35 nats)."""
 
     window: int = 3
     low_entropy: float = 0.05
@@ -66,6 +72,18 @@ def entropy_blowup(steps: list[dict], rules: CollapseRules) -> bool:
     )
 
 
+def signal_death(steps: list[dict], rules: CollapseRules) -> bool:
+    """Rule 3 at the last step of `steps` (needs at least 2 x `window` steps: the first window must have had
+    correct completions)."""
+    w = rules.window
+    if len(steps) < 2 * w or _mean(h["accuracy"] for h in steps[:w]) <= 0:
+        return False
+    return all(h["accuracy"] <= 0 and h["zero_var_frac"] >= 1.0 for h in steps[-w:])
+
+
+RULES = {"low_entropy": low_entropy_collapse, "blowup": entropy_blowup, "signal_death": signal_death}
+
+
 def first_event(steps: list[dict], rule, rules: CollapseRules) -> int | None:
     """The step number at which `rule` first holds, or None."""
     for i in range(len(steps)):
@@ -87,8 +105,7 @@ def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules:
     second_half = acc[len(acc) // 2 :]
     kl = [r["kl_from_init"] for r in steps if r.get("kl_from_init") is not None]
     w = min(rules.window, len(ent)) or 1
-    low = first_event(steps, low_entropy_collapse, rules)
-    blow = first_event(steps, entropy_blowup, rules)
+    events = {name: first_event(steps, rule, rules) for name, rule in RULES.items()}
     before, after = summary.get("before", {}), summary.get("after", {})
     k_keys = sorted(k for k in after if k.startswith("eval_pass@") or k.startswith("eval_maj@"))
     out = {
@@ -99,11 +116,9 @@ def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules:
         "entropy_start": _mean(ent[:w]),
         "entropy_end": _mean(ent[-w:]),
         "entropy_min": min(ent) if ent else math.nan,
-        "collapse_low_entropy": low is not None,
-        "collapse_low_entropy_step": low,
-        "collapse_blowup": blow is not None,
-        "collapse_blowup_step": blow,
-        "collapse": low is not None or blow is not None,
+        **{f"collapse_{name}": step is not None for name, step in events.items()},
+        **{f"collapse_{name}_step": step for name, step in events.items()},
+        "collapse": any(step is not None for step in events.values()),
         "success_std_2nd_half": statistics.pstdev(second_half) if len(second_half) > 1 else math.nan,
         "kl_from_init_end": kl[-1] if kl else math.nan,
         "heldout_before": before.get("eval_acc", math.nan),

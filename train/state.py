@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from train.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, rng_snapshot, save_checkpoint
+from train.checkpoint import (
+    LOOP_KEYS,
+    STATE_FILE,
+    CheckpointError,
+    restore_checkpoint,
+    restore_rng,
+    rng_snapshot,
+    save_checkpoint,
+)
 from train.metrics import MetricsLog
 from train.setup import Run
 from train.signals import STOP, signal_name
@@ -43,9 +51,13 @@ def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
     if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
         raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
     restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
+    rngs = ckpt["rng"]
+    if run.dist.enabled:  # this rank's own sampling stream (the open_output_dir check made the world sizes equal)
+        rngs = ckpt["rank_rngs"][run.dist.rank]
+        restore_rng(rngs, run.task_rng)
     if run.engine is not None:
         run.engine.sync(run.model)
-    state = LoopState(step=ckpt["step"], rngs=ckpt["rng"], **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
+    state = LoopState(step=ckpt["step"], rngs=rngs, **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
     state.saved_step = state.step
     todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
     print(f"resumed from step {state.step}{todo}")
@@ -53,18 +65,25 @@ def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
 
 
 def save(run: Run, state: LoopState, log: MetricsLog) -> None:
+    """Checkpoint the state. In a torchrun job every rank calls it (the RNG states are gathered) and rank 0 writes
+    (the weights and optimizer state are the same on every rank)."""
     loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
-    save_checkpoint(
-        run.ckpt_dir,
-        model=run.model,
-        optimizer=run.optimizer,
-        scheduler=run.scheduler,
-        step=state.step,
-        rngs=state.rngs,
-        loop=loop,
-        cfg=run.cfg,
-        loss_cfg=run.loss_cfg,
-    )
+    rank_rngs = run.dist.objects(state.rngs) if run.dist.enabled else None
+    if run.dist.is_main:
+        save_checkpoint(
+            run.ckpt_dir,
+            model=run.model,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            step=state.step,
+            rngs=state.rngs,
+            loop=loop,
+            cfg=run.cfg,
+            loss_cfg=run.loss_cfg,
+            world_size=run.dist.world,
+            rank_rngs=rank_rngs,
+        )
+    run.dist.barrier()
     state.saved_step = state.step
 
 

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 from train.metrics import write_json
-from train.stability import CollapseRules, run_metrics
+from train.stability import RULES, CollapseRules, run_metrics
 
 BASELINE = "grpo"
 
@@ -91,11 +91,8 @@ def aggregate(runs: list[dict], order: list[str] | None = None) -> dict[str, dic
     for arm in arm_order(runs, order):
         rows = [r for r in runs if r["arm"] == arm]
         agg = {k: mean_se([_num(r.get(k)) for r in rows]) for k in metrics}
-        agg["collapse_runs"] = {
-            "low_entropy": sum(bool(r["collapse_low_entropy"]) for r in rows),
-            "blowup": sum(bool(r["collapse_blowup"]) for r in rows),
-            "runs": len(rows),
-        }
+        agg["collapse_runs"] = {name: sum(bool(r[f"collapse_{name}"]) for r in rows) for name in RULES}
+        agg["collapse_runs"]["runs"] = len(rows)
         after = [r["heldout_after"] for r in rows if math.isfinite(r["heldout_after"])]
         agg["heldout_after_std_across_seeds"] = statistics.stdev(after) if len(after) > 1 else math.nan
         agg["seeds"] = sorted(r["seed"] for r in rows)
@@ -120,6 +117,10 @@ def paired(runs: list[dict], baseline: str = BASELINE) -> dict[str, dict]:
             sig = m["n"] >= 2 and math.isfinite(m["se"]) and abs(m["mean"]) >= 2 * m["se"] and m["mean"] != 0
             out[arm][k] = {"diff": m["mean"], "se": m["se"], "n": m["n"], "significant": bool(sig)}
     return out
+
+
+def _num_text(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else "n/a (1 seed)"
 
 
 def _fmt(cell: dict, fmt: str) -> str:
@@ -158,13 +159,13 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
         "",
         "Collapse events per arm (runs with the event / runs): "
         + "; ".join(
-            f"{a}: low-entropy {c['low_entropy']}/{c['runs']}, blow-up {c['blowup']}/{c['runs']}"
+            f"{a}: " + ", ".join(f"{name.replace('_', ' ')} {c[name]}/{c['runs']}" for name in RULES)
             for a, c in ((a, g["collapse_runs"]) for a, g in aggs.items())
         )
         + ".",
         "",
         "Std across seeds of the final held-out accuracy: "
-        + ", ".join(f"{a} {g['heldout_after_std_across_seeds']:.3f}" for a, g in aggs.items())
+        + ", ".join(f"{a} {_num_text(g['heldout_after_std_across_seeds'])}" for a, g in aggs.items())
         + ".",
     ]
     if diffs:

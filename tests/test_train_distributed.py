@@ -1,0 +1,139 @@
+"""The trainer data-parallel (gloo on this CPU): a 2-process DDP update equals a 1-process update on the same global
+batch; `torchrun --nproc_per_node 2 -m train` writes one metrics file with the global batch's numbers, resumes, and
+refuses to resume with another number of processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from train.config import TrainConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+LOSS = "beta=0"  # grpo without KL: seq-mean-token-mean, which a mean over equal shares of groups reproduces exactly
+
+
+def _cfg(out: Path, **kw) -> TrainConfig:
+    base = dict(model="tiny", output_dir=str(out), preset="grpo", loss=LOSS, prompts_per_step=4, group_size=4,
+                max_new_tokens=6, eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=1,
+                progress=False, warmup_steps=0, lr=1e-2, max_grad_norm=100.0)  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _update(rank: int, world: int, port: int, out: str, result: str) -> None:
+    """One optimizer update of the trainer's `policy_update` on this rank's share of a fixed global batch; rank 0
+    saves the trained weights after it."""
+    from sgrpo_kernels.rl import prepare_groups
+    from train.distributed import ALONE, Dist
+    from train.loop import policy_update
+    from train.rollout import Batch, rollout
+    from train.setup import setup
+    from train.state import fresh_state
+
+    torch.set_num_threads(1)
+    if world > 1:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    ctx = Dist(rank=rank, world=world) if world > 1 else ALONE
+    try:
+        cfg = _cfg(Path(out) / f"w{world}r{rank}", kl_every=0)
+        run = setup(cfg, ctx=ctx)
+        problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
+        torch.manual_seed(123)  # the same global batch on every rank and in both jobs
+        full = rollout(run.model, run.tok, problems, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                       temperature=cfg.temperature, top_p=1.0)  # fmt: skip
+        n = len(full.texts) // world
+        rows = slice(rank * n, (rank + 1) * n)
+        rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0] * (len(full.texts) // 8))[rows]
+        batch = Batch(full.prompt_ids[rows], full.prompt_mask[rows], full.completion_ids[rows],
+                      full.completion_mask[rows], full.texts[rows], rewards, rewards > 0)  # fmt: skip
+        groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
+        update = policy_update(run, fresh_state(run), batch, groups)
+        assert update.skipped == 0 and update.grad_norm > 0
+        if rank == 0:
+            torch.save({n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}, result)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_update_equals_one_process_update(tmp_path):
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    _update(0, 1, 0, str(tmp_path), str(one))
+    mp.spawn(_update, args=(2, _port(), str(tmp_path), str(two)), nprocs=2, join=True)
+    a, b = torch.load(one), torch.load(two)
+    assert a.keys() == b.keys() and len(a) > 0
+    from train.model import tiny_model_and_tokenizer
+
+    init = dict(tiny_model_and_tokenizer(0)[0].named_parameters())
+    moved = max((a[k] - init[k]).abs().max().item() for k in a)
+    assert moved > 1e-3  # the update did something
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+
+
+def _torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(_port()), "-m", "train", "--model", "tiny", "--output-dir",
+           str(tmp_path / "run"), "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6",
+           "--eval-problems", "6", "--eval-k", "2", "--eval-k-problems", "3", "--probe-size", "3", "--kl-every", "1",
+           "--progress", "false", "--threads", "1", "--lr", "1e-2", *args]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_two_processes_writes_global_metrics_and_resumes(tmp_path):
+    first = _torchrun(tmp_path, 2, "--max-steps", "1")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = _torchrun(tmp_path, 2, "--max-steps", "2", "--resume")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    out = tmp_path / "run"
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "event" not in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["completions"] == 16 for r in steps)  # the global batch: 4 prompts x 4, over 2 ranks
+    assert all(r["kl_from_init"] is not None for r in steps)
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert all(e["eval_n"] == 6 for e in evals)  # the held-out set split over the ranks and summed back
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2 and not summary["interrupted"]
+    assert (out / "checkpoint" / "state.pt").exists()
+    # a different number of processes cannot resume it
+    alone = subprocess.run(
+        [sys.executable, "-m", "train", "--model", "tiny", "--output-dir", str(out), "--resume", "--max-steps", "3",
+         "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6", "--eval-problems", "6",
+         "--eval-k", "2", "--eval-k-problems", "3", "--probe-size", "3", "--kl-every", "1", "--progress", "false",
+         "--threads", "1", "--lr", "1e-2"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert alone.returncode == 2, alone.stderr
+    assert "trained by 2 process(es), this job has 1" in alone.stderr
+
+
+def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
+    from train import loop
+    from train.distributed import Dist
+    from train.errors import Refused
+
+    with pytest.raises(Refused, match="cannot be split into whole groups over 3 processes"):
+        loop.check_world(dataclasses.replace(_cfg(tmp_path), prompts_per_step=4), Dist(rank=0, world=3))
