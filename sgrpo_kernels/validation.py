@@ -163,13 +163,20 @@ def check_int_tensor(name: str, x: object) -> Tensor:
 
 
 def check_mask(name: str, x: object, shape: tuple[int, ...], what: str = "") -> Tensor:
-    """A mask is bool (True = valid) or floating (non-zero = valid, value = a finite weight >= 0); integer masks are
-    refused. A floating mask's values are checked (one device-to-host sync; a bool mask costs nothing)."""
+    """A mask is bool (True = valid), integer 0/1 (e.g. TRL's int64 `completion_mask`; returned as bool), or floating
+    (non-zero = valid, value = a finite weight >= 0). Integer and floating masks have their values checked (one
+    device-to-host sync; a bool mask costs nothing)."""
     x = check_tensor(name, x)
-    if x.dtype != torch.bool and not x.is_floating_point():
-        raise TypeError(f"{name} must be a bool or floating tensor, got dtype {x.dtype}")
+    if x.dtype != torch.bool and not x.is_floating_point() and x.is_complex():
+        raise TypeError(f"{name} must be a bool, integer 0/1 or floating tensor, got dtype {x.dtype}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {shape_str(x)}, expected {tuple(shape)}{what}")
+    if x.dtype != torch.bool and not x.is_floating_point():  # integer: 0/1 only
+        bad = (x != 0) & (x != 1)
+        if x.numel() > 0 and bool(bad.any()):
+            raise ValueError(f"{name} is an integer mask, so it must hold 0 and 1 only; found {int(bad.sum())} other "
+                             f"value(s), e.g. {x[bad][:3].tolist()} (pass a float mask for token weights)")
+        return x != 0
     if x.is_floating_point() and x.numel() > 0:
         bad = ~torch.isfinite(x) | (x < 0)
         if bool(bad.any()):

@@ -229,7 +229,7 @@ def test_large_vocab_ids():
     ("kwargs", "exc", "words"),
     [
         ({"group_size": 3}, ValueError, ["completion_ids", "group_size = 3"]),
-        ({"completion_mask": torch.ones(4, 5, dtype=torch.int64)}, TypeError, ["completion_mask", "int64"]),
+        ({"completion_mask": torch.full((4, 5), 2, dtype=torch.int64)}, ValueError, ["completion_mask", "0 and 1"]),
         ({"completion_mask": torch.ones(4, 4, dtype=torch.bool)}, ValueError, ["completion_mask", "(4, 4)", "(4, 5)"]),
         ({"advantages": torch.ones(3)}, ValueError, ["advantages", "(3,)", "(4,)"]),
         ({"advantages": torch.ones(4, dtype=torch.int64)}, TypeError, ["advantages"]),

@@ -151,7 +151,7 @@ def test_bad_inputs():
         (lambda: sgrpo_loss(hidden[0], weight, targets, adv, mask, cfg), ValueError, "hidden"),
         (lambda: sgrpo_loss(hidden, weight, targets[:, :3], adv, mask, cfg), ValueError, "targets has shape (4, 3)"),
         (lambda: sgrpo_loss(hidden, weight, targets.float(), adv, mask, cfg), TypeError, "targets"),
-        (lambda: sgrpo_loss(hidden, weight, targets, adv, mask.long(), cfg), TypeError, "mask"),
+        (lambda: sgrpo_loss(hidden, weight, targets, adv, mask.long() * 2, cfg), ValueError, "mask is an integer mask"),
         (lambda: sgrpo_loss(hidden, weight, targets, adv[:3], mask, cfg), ValueError, "advantages"),
         (lambda: sgrpo_loss(hidden, weight, targets, adv, mask, "grpo"), TypeError, "config"),
         (
@@ -164,3 +164,21 @@ def test_bad_inputs():
         with pytest.raises(exc) as info:
             call()
         assert word in str(info.value)
+
+
+def test_integer_01_masks_equal_bool_masks():
+    """TRL's completion_mask is int64 0/1: accepted (it used to raise TypeError) and the same as the bool mask, through
+    sgrpo_loss, policy_loss and conflict_weights."""
+    hidden, weight, _, targets, mask, _, adv, _, _ = make(4)
+    mask = mask.bool() if mask.dtype != torch.bool else mask
+    cfg = rl.preset("gtpo")
+    for as_int in (mask.long(), mask.int(), mask.to(torch.uint8)):
+        a, ma = sgrpo_loss(hidden, weight, targets, adv, mask, cfg)
+        b, mb = sgrpo_loss(hidden, weight, targets, adv, as_int, cfg)
+        assert torch.equal(a, b) and all(torch.equal(ma[k], mb[k]) for k in ma)
+        lp, ent = torch.randn(mask.shape, dtype=torch.float64), torch.rand(mask.shape, dtype=torch.float64)
+        got = rl.policy_loss(lp, adv.double(), as_int, cfg, entropy=ent)[0]
+        torch.testing.assert_close(got, rl.policy_loss(lp, adv.double(), mask, cfg, entropy=ent)[0])
+        w1, c1 = rl.conflict_weights(targets, mask, adv, 2)
+        w2, c2 = rl.conflict_weights(targets, as_int, adv, 2)
+        assert torch.equal(w1, w2) and torch.equal(c1, c2)

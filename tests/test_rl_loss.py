@@ -391,7 +391,8 @@ def test_bad_preset_and_inputs():
     cfg = rl.LossConfig()
     lp, mk, a = torch.zeros(4, 3), torch.ones(4, 3, dtype=torch.bool), torch.zeros(4)
     cases = [
-        (lambda: rl.policy_loss(lp, a, torch.ones(4, 3, dtype=torch.int64), cfg), TypeError, "mask"),
+        (lambda: rl.policy_loss(lp, a, torch.full((4, 3), 3, dtype=torch.int64), cfg), ValueError, "mask"),
+        (lambda: rl.policy_loss(lp, a, torch.ones(4, 3, dtype=torch.complex64), cfg), TypeError, "mask"),
         (lambda: rl.policy_loss(lp, a, torch.ones(4, 2, dtype=torch.bool), cfg), ValueError, "mask has shape (4, 2)"),
         (lambda: rl.policy_loss(lp, torch.zeros(3), mk, cfg), ValueError, "advantages has shape (3,)"),
         (lambda: rl.policy_loss(lp[0], a, mk, cfg), ValueError, "logp"),

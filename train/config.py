@@ -19,7 +19,6 @@ import functools
 import importlib.util
 import inspect
 import io
-import json
 import math
 import re
 import sys
@@ -214,13 +213,9 @@ class TrainConfig:
         return self.loss if self.loss is not None else PRESET_LOSS_DEFAULTS.get(self.preset, "")
 
     def loss_overrides(self) -> dict:
-        out = {}
-        for item in filter(None, (x.strip() for x in self.effective_loss.split(","))):
-            key, eq, value = item.partition("=")
-            if not eq or not key.strip():
-                raise ValueError(f"{item!r} is not field=value")
-            out[key.strip()] = _parse_value(value.strip())
-        return out
+        from sgrpo_kernels.rl import parse_overrides  # the one spelling (also the TRL integration's)
+
+        return parse_overrides(self.effective_loss)
 
     def loss_config(self, overrides: dict | None = None):
         """The effective `LossConfig`: the preset, then `loss`, then `overrides` (the --loss.FIELD flags)."""
@@ -399,13 +394,10 @@ RUN_PRESETS: dict[str, dict] = {
 
 
 def _parse_value(text: str):
-    """Loss-config values: JSON when it parses (numbers, true/false/null), else the string."""
-    if text.lower() in ("none", "null"):
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+    """Loss-config values, as the RL layer reads them (sgrpo_kernels.rl.parse_value)."""
+    from sgrpo_kernels.rl.algorithm import parse_value
+
+    return parse_value(text)
 
 
 def _bool(text: str, flag: str) -> bool:

@@ -22,6 +22,7 @@ from train.guard import StepGuard
 from train.metrics import write_json
 from train.model import (
     add_lora,
+    check_head,
     head_weight,
     load_model_and_tokenizer,
     param_bytes,
@@ -185,6 +186,7 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         ref_model, _ = load_model_and_tokenizer(cfg.model, device, dtype, cfg.seed)
         ref_model.requires_grad_(False).eval()
         print(f"reference model: {param_bytes(ref_model) / 2**20:.1f} MiB of weights")
+    check_head(model)
     if cfg.lora:
         model = add_lora(model, cfg.lora_r, cfg.lora_alpha)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)

@@ -3,7 +3,7 @@ loss, presets and per-batch orchestration (``algorithm``), and the fused ``sgrpo
 logits). Pure PyTorch on small [B, T] tensors, any device. Reference: docs/rl.md; the design: docs/design.md."""
 
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
-from sgrpo_kernels.rl.algorithm import PRESETS, GroupSignals, prepare_groups, preset
+from sgrpo_kernels.rl.algorithm import PRESETS, GroupSignals, parse_overrides, prepare_groups, preset, preset_with
 from sgrpo_kernels.rl.config import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig
 from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import (
@@ -32,9 +32,11 @@ __all__ = [
     "entropy_threshold",
     "group_advantages",
     "metrics_to_floats",
+    "parse_overrides",
     "policy_loss",
     "prepare_groups",
     "preset",
+    "preset_with",
     "sgrpo_loss",
     "top_entropy_mask",
 ]

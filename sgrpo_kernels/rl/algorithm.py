@@ -18,7 +18,7 @@ from torch import Tensor
 
 from sgrpo_kernels.rl.config import LossConfig
 
-__all__ = ["PRESETS", "GroupSignals", "prepare_groups", "preset"]
+__all__ = ["PRESETS", "GroupSignals", "parse_overrides", "prepare_groups", "preset", "preset_with"]
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -187,6 +187,42 @@ PRESETS: dict[str, Callable[[], LossConfig]] = {
     "grpo_tc": _grpo_tc,
     "lite_ppo": _lite_ppo,
 }
+
+
+def parse_value(text: str):
+    """One override value: JSON when it parses (numbers, true/false), none/null -> None, else the string itself."""
+    import json
+
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()
+
+
+def parse_overrides(text: str) -> dict:
+    """``"field=value,..."`` (the bundled trainer's ``--loss`` and the TRL integration's ``sgrpo_loss``) -> a dict of
+    LossConfig changes. Field names are checked by :func:`preset_with`, values by ``LossConfig`` itself."""
+    out = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{item!r} is not field=value")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def preset_with(name: str, overrides: str | dict = "") -> LossConfig:
+    """The preset `name` with `overrides` (a ``"field=value,..."`` string or a dict) applied and validated."""
+    import dataclasses
+
+    changes = parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides)
+    known = {f.name for f in dataclasses.fields(LossConfig)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ValueError(f"unknown LossConfig field(s) {unknown}; expected names from {sorted(known)}")
+    return dataclasses.replace(preset(name), **changes)
 
 
 def preset(name: str) -> LossConfig:

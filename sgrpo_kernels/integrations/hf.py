@@ -1,0 +1,61 @@
+"""The LM head of a Hugging Face causal LM, found once for every caller (the bundled trainer, the TRL integration):
+its weight and bias through PEFT and DDP wrappers and tied embeddings, and the head options some models apply to
+their logits (Cohere's `logit_scale`, Granite's `logits_scaling`, Gemma 2/3's `final_logit_softcapping`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """logits = softcap(scale * (hidden @ weight.T + bias)), softcap(x) = c * tanh(x / c) when `softcap` is set."""
+
+    weight: Tensor  # [V, D] (a DTensor's full tensor under FSDP2)
+    bias: Tensor | None
+    scale: float = 1.0  # multiplies the logits (Cohere logit_scale; 1 / logits_scaling for Granite)
+    softcap: float | None = None  # Gemma 2/3 final_logit_softcapping
+
+    def temperature(self, temperature: float) -> float:
+        """The op's temperature that applies this head's scale and then `temperature`: z = scale * logits / T =
+        logits / (T / scale). Raises for a softcap (not expressible as a temperature; not supported yet)."""
+        if self.softcap is not None:
+            raise NotImplementedError(
+                f"this model caps its logits (final_logit_softcapping={self.softcap}); the fused ops do not apply a "
+                "softcap yet, so its log-probs would be wrong. Use a model without it."
+            )
+        return temperature / self.scale
+
+
+def unwrap(model):
+    """The Hugging Face model inside DDP (`.module`) and PEFT (`.get_base_model()`) wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def lm_head(model) -> LMHead:
+    """The head of `model` (any causal LM with `get_output_embeddings()`, wrapped or not). Tied embeddings give the
+    embedding matrix (the same Parameter). FSDP2 shards are gathered (`full_tensor()`)."""
+    base = unwrap(model)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if head is None or not hasattr(head, "weight"):
+        raise ValueError(
+            f"{type(base).__name__} has no output embeddings (get_output_embeddings() is None): not a causal LM head"
+        )
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if hasattr(weight, "full_tensor"):  # FSDP2 DTensor
+        weight = weight.full_tensor()
+        bias = bias.full_tensor() if bias is not None and hasattr(bias, "full_tensor") else bias
+    cfg = getattr(base, "config", None)
+    scale = float(getattr(cfg, "logit_scale", None) or 1.0)
+    scaling = getattr(cfg, "logits_scaling", None)  # Granite divides its logits by this
+    if scaling:
+        scale /= float(scaling)
+    softcap = getattr(cfg, "final_logit_softcapping", None)
+    return LMHead(weight=weight, bias=bias, scale=scale, softcap=float(softcap) if softcap else None)

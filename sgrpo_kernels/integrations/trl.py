@@ -1,0 +1,186 @@
+"""S-GRPO, GTPO and the other presets inside Hugging Face TRL's `GRPOTrainer` (TRL >= 1.15, < 2).
+
+Switch a TRL script over in five lines::
+
+    from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer
+
+    args = SGRPOConfig(output_dir="out", sgrpo_preset="s_grpo", sgrpo_loss="entropy_filter=quantile:0.75", ...)
+    trainer = SGRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=args, train_dataset=ds)
+    trainer.train()
+
+What changes against `GRPOTrainer` (README, "Use with TRL"):
+- Advantages, and GTPO's conflict weights, come from the preset, computed where the groups are still whole: right
+  after TRL scored the completions, on the whole generation batch gathered from every process, before TRL shuffles
+  and splits it. Each process keeps its slice, and its rows travel with TRL's shuffle.
+- The loss is `sgrpo_loss` on the policy's final hidden states: the model runs through the wrapped (DDP / accelerate)
+  module with `logits_to_keep=1`, so no [B, T, V] logits are made and gradient synchronization happens as usual; the
+  LM head's log-probs and entropies come from the fused op, which skips rows with zero gradient.
+- TRL's own sampling, rewards, reference model (`beta`), old log-probs (`num_iterations > 1`), gradient accumulation,
+  PEFT and logging stay as they are; the RL layer's metrics are added to TRL's logs under `sgrpo/`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+
+from sgrpo_kernels.integrations.hf import lm_head
+from sgrpo_kernels.rl import LossConfig, prepare_groups, preset_with, sgrpo_loss
+
+__all__ = ["SGRPOConfig", "SGRPOTrainer", "loss_config"]
+
+_UNSUPPORTED_INPUTS = (
+    "pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "num_tiles", "image_sizes",
+    "token_type_ids", "mm_token_type_ids", "image_position_ids", "num_images",
+)  # fmt: skip
+
+
+@dataclass
+class SGRPOConfig(GRPOConfig):
+    """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides. TRL's own loss fields
+    (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the loss; `beta` must
+    match the preset's (TRL computes the reference log-probs only when beta != 0)."""
+
+    sgrpo_preset: str = field(default="s_grpo", metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, ...)"})
+    sgrpo_loss: str = field(default="", metadata={"help": 'LossConfig overrides on the preset, "field=value,..."'})
+
+
+def loss_config(args: SGRPOConfig) -> LossConfig:
+    """The LossConfig an SGRPOConfig asks for; a clear error for what TRL cannot serve."""
+    try:
+        cfg = preset_with(args.sgrpo_preset, args.sgrpo_loss)
+    except (TypeError, ValueError) as exc:
+        what = f"SGRPOConfig(sgrpo_preset={args.sgrpo_preset!r}, sgrpo_loss={args.sgrpo_loss!r})"
+        raise ValueError(f"{what}: {exc}") from None
+    if cfg.entropy_filter == "adaptive":
+        raise ValueError(
+            f"SGRPOConfig: entropy_filter='adaptive' needs each training micro-batch to hold whole groups with their "
+            f"rewards; TRL shuffles and splits the groups. Use entropy_filter='ln2', a number or 'quantile:q' "
+            f"(preset {cfg.name!r})"
+        )
+    if (cfg.beta != 0) != (args.beta != 0):
+        raise ValueError(
+            f"SGRPOConfig: the preset {cfg.name!r} has beta={cfg.beta} but GRPOConfig beta={args.beta}; set "
+            f"beta={cfg.beta} (TRL loads the reference model and computes its log-probs only when beta != 0)"
+        )
+    return cfg
+
+
+class SGRPOTrainer(GRPOTrainer):
+    """`GRPOTrainer` with sgrpo_kernels' advantages, conflict weights and fused loss (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, SGRPOConfig):
+            raise TypeError(f"SGRPOTrainer needs an SGRPOConfig as args, got {type(self.args).__name__}")
+        self.sgrpo_config = loss_config(self.args)
+        self._sgrpo_rewards_per_func: Tensor | None = None
+        self._sgrpo_all_filtered = 0
+
+    # ------------------------------------------------------------------------------------------ advantages, groups
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._sgrpo_rewards_per_func = out  # [global N, reward funcs], gathered from every process
+        return out
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        per_func = self._sgrpo_rewards_per_func
+        self._sgrpo_rewards_per_func = None
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable: left out of the group statistics
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        ids, mask = output["completion_ids"], output["completion_mask"]
+        all_ids, all_mask = self._gather_rows(ids, mask)
+        groups = prepare_groups(self.sgrpo_config, rewards, all_ids, all_mask, group)
+        n, t = ids.shape
+        rows = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
+        output["advantages"] = groups.advantages[rows].to(output["advantages"].dtype)
+        if groups.token_weights is not None:
+            output["sgrpo_token_weights"] = groups.token_weights[rows, :t]
+            output["sgrpo_conflict_counts"] = groups.conflict_counts[rows]
+        zero_var = groups.stats.get("zero_variance_frac") if groups.stats else None
+        if zero_var is not None:
+            self._metrics[mode]["sgrpo/zero_variance_frac"].append(float(zero_var))
+        return output
+
+    def _gather_rows(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Every process's completion ids and masks, right-padded to the longest, in process order (the order of
+        TRL's gathered rewards)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return ids, mask.bool()
+        ids = acc.pad_across_processes(ids, dim=1, pad_index=self.pad_token_id)
+        mask = acc.pad_across_processes(mask, dim=1, pad_index=0)
+        return acc.gather(ids), acc.gather(mask).bool()
+
+    # ------------------------------------------------------------------------------------------------- the loss
+
+    def _compute_loss(self, model, inputs):
+        extra = [k for k in _UNSUPPORTED_INPUTS if inputs.get(k) is not None]
+        if extra:
+            raise NotImplementedError(f"SGRPOTrainer: multimodal inputs are not supported yet ({', '.join(extra)})")
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        t = ids.size(1)
+        with self.accelerator.autocast():  # through the wrapped model: DDP / FSDP synchronize as in TRL
+            out = model(
+                input_ids=torch.cat([prompt_ids, ids], dim=1),
+                attention_mask=torch.cat([prompt_mask, inputs["completion_mask"]], dim=1),
+                output_hidden_states=True,
+                logits_to_keep=1,  # the [B, T, V] logits are never made
+                use_cache=False,
+            )
+        hidden = out.hidden_states[-1][:, -t - 1 : -1]  # final (normed) hidden states predicting each completion token
+        head = lm_head(model)
+        if hidden.dtype != head.weight.dtype:
+            hidden = hidden.to(head.weight.dtype)
+        cfg = self.sgrpo_config
+        loss, metrics = sgrpo_loss(
+            hidden,
+            head.weight,
+            ids,
+            inputs["advantages"],
+            mask,
+            cfg,
+            bias=head.bias,
+            temperature=head.temperature(self.temperature),
+            old_logp=inputs.get("old_per_token_logps"),
+            ref_logp=inputs.get("ref_per_token_logps") if cfg.needs_ref else None,
+            token_weights=inputs.get("sgrpo_token_weights"),
+            conflict_counts=inputs.get("sgrpo_conflict_counts"),
+            compute_entropy=True,
+        )
+        mode = "train" if self.model.training else "eval"
+        if mode == "train":
+            loss = loss / self.current_gradient_accumulation_steps
+        self._log_sgrpo(mode, metrics)
+        return loss
+
+    def _log_sgrpo(self, mode: str, metrics: dict[str, Tensor]) -> None:
+        names = {"entropy": "entropy_mean", "sgrpo/masked_frac": "zero_weight_frac", "sgrpo/filtered_frac":
+                 "filtered_frac", "clip_ratio/low_mean": "clip_frac_low", "clip_ratio/high_mean": "clip_frac_high",
+                 "sgrpo/policy_loss": "pg_loss", "kl": "kl"}  # fmt: skip
+        keys = [k for k, m in names.items() if m in metrics and (k != "kl" or self.sgrpo_config.needs_ref)]
+        values = torch.stack([metrics[names[k]].detach().float() for k in keys])
+        values = self.accelerator.gather(values.unsqueeze(0)).nanmean(dim=0).tolist()
+        for k, v in zip(keys, values):
+            self._metrics[mode][k].append(v)
+        if "sgrpo/filtered_frac" in keys and values[keys.index("sgrpo/filtered_frac")] >= 1.0:
+            self._sgrpo_all_filtered += 1
+            if self._sgrpo_all_filtered in (1, 10, 100):
+                warnings.warn(
+                    f"SGRPOTrainer: the entropy filter ({self.sgrpo_config.entropy_filter!r}) removed every completion "
+                    f"of the batch ({self._sgrpo_all_filtered} time(s) so far): the loss has no policy gradient. On a "
+                    "fresh model the ln 2 filter removes nearly all of them; try sgrpo_loss='entropy_filter="
+                    "quantile:0.75'",
+                    stacklevel=2,
+                )

@@ -1,0 +1,185 @@
+"""SGRPOTrainer inside TRL's GRPOTrainer, on a tiny random Llama and a character-level tokenizer built in-process (no
+downloads): training with several presets and LoRA, parity with TRL's own loss, conflict weights under TRL's
+shuffling, the head helper, and the errors for what TRL cannot serve. Skipped without the `trl` extra."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+pytest.importorskip("datasets")
+
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+
+from sgrpo_kernels import rl  # noqa: E402
+from sgrpo_kernels.integrations.hf import lm_head  # noqa: E402
+from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer  # noqa: E402
+
+CHARS = list("0123456789+-*=/. ?abcdefghijklmnopqrstuvwxyz")
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{c: i + 4 for i, c in enumerate(CHARS)}}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                  unk_token="<unk>")  # fmt: skip
+    tok.padding_side = "left"
+    return tok
+
+
+def model(seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(CHARS) + 4, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=tied, bos_token_id=1, eos_token_id=2, pad_token_id=0)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+def dataset() -> Dataset:
+    return Dataset.from_list([{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a in range(6) for b in range(6)])
+
+
+def reward(completions, answer, **kwargs):
+    """A reward with spread on a random model: the answer's first character, plus a little for digits."""
+    return [float(c.strip()[:1] == a[:1]) + 0.1 * sum(ch.isdigit() for ch in c) for c, a in zip(completions, answer)]
+
+
+def trainer(tmp_path, preset="s_grpo", loss="entropy_filter=quantile:0.75", peft_config=None, **kw) -> SGRPOTrainer:
+    args = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
+                max_completion_length=6, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
+                learning_rate=1e-2, save_strategy="no", beta=0.0, sgrpo_preset=preset, sgrpo_loss=loss,
+                seed=0)  # fmt: skip
+    args.update(kw)
+    return SGRPOTrainer(model=model(), processing_class=tokenizer(), reward_funcs=reward, args=SGRPOConfig(**args),
+                        train_dataset=dataset(), peft_config=peft_config)  # fmt: skip
+
+
+def trained_params(t: SGRPOTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in t.model.named_parameters() if p.requires_grad}
+
+
+PRESETS = [("s_grpo", "entropy_filter=quantile:0.75"), ("gtpo", "entropy_filter=none"), ("grpo_tc", "")]
+
+
+@pytest.mark.parametrize(("preset", "loss"), PRESETS)
+def test_trains_two_steps(tmp_path, preset, loss):
+    t = trainer(tmp_path, preset, loss)
+    before = trained_params(t)
+    t.train()
+    after = trained_params(t)
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 0  # the weights moved
+    logs = [h for h in t.state.log_history if "loss" in h]
+    assert len(logs) == 2
+    for h in logs:  # the RL layer's metrics reach TRL's logs
+        for k in ("entropy", "sgrpo/masked_frac", "sgrpo/filtered_frac", "clip_ratio/low_mean", "sgrpo/policy_loss"):
+            assert k in h, (k, sorted(h))
+
+
+def test_trains_with_lora(tmp_path):
+    peft = pytest.importorskip("peft")
+    t = trainer(tmp_path, peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    before = trained_params(t)
+    assert before and all("lora" in k for k in before)
+    t.train()
+    after = trained_params(t)
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 0
+
+
+def _inputs(t: SGRPOTrainer, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    n, p, c, v = 8, 5, 6, len(CHARS) + 4
+    prompt_ids = torch.randint(4, v, (n, p), generator=g)
+    prompt_mask = torch.ones(n, p, dtype=torch.int64)
+    prompt_mask[0, :2] = 0  # left padding
+    completion_ids = torch.randint(4, v, (n, c), generator=g)
+    lengths = torch.tensor([6, 3, 6, 1, 4, 6, 2, 5])
+    completion_mask = (torch.arange(c)[None] < lengths[:, None]).long()  # TRL's int64 mask
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": torch.randn(n, generator=g),
+            "num_items_in_batch": completion_mask.sum()}  # fmt: skip
+
+
+def test_parity_with_trl_loss(tmp_path):
+    """TRL's loss_type='grpo' (two-sided clip at 0.2, mean over sequences of the token mean, beta 0) and the preset
+    'grpo' with beta=0 are the same objective: same loss and gradients on the same batch."""
+    # fp32 throughout: GRPOConfig's bf16=True default runs the decoder under bf16 autocast, where the two heads'
+    # different casts of the incoming gradient differ by ~1% (bf16 rounding), not by the algorithm
+    t = trainer(tmp_path, "grpo", "beta=0", loss_type="grpo", epsilon=0.2, temperature=0.7, bf16=False)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1  # (set by Trainer's loop; both losses divide by it)
+    inputs = _inputs(t)
+    losses, grads = [], []
+    for compute in (trl.GRPOTrainer._compute_loss, SGRPOTrainer._compute_loss):
+        t.model.zero_grad(set_to_none=True)
+        loss = compute(t, t.model, dict(inputs))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-5, atol=1e-5, msg=k)
+    assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4  # a real gradient was compared
+
+
+def test_conflict_weights_survive_trl_shuffling(tmp_path):
+    from trl.trainer.utils import shuffle_sequence_dict
+
+    t = trainer(tmp_path, "gtpo", "entropy_filter=none", temperature=0.1)  # similar completions: shared tokens
+    t.model.train()
+    batch = next(iter(t.get_train_dataloader()))
+    out = t._generate_and_score_completions(batch)
+    ids, mask = out["completion_ids"], out["completion_mask"].bool()
+    want, counts = rl.conflict_weights(ids, mask, out["advantages"], t.num_generations)  # on the whole groups
+    torch.testing.assert_close(out["sgrpo_token_weights"], want)
+    assert (want[mask] != 1).any()  # some tokens are in conflict: the comparison below is not trivial
+    out["row"] = torch.arange(len(ids))
+    torch.manual_seed(3)
+    shuffled = shuffle_sequence_dict(out)
+    perm = shuffled["row"]
+    assert not torch.equal(perm, torch.arange(len(ids)))
+    torch.testing.assert_close(shuffled["sgrpo_token_weights"], want[perm])
+    torch.testing.assert_close(shuffled["sgrpo_conflict_counts"], counts[perm])
+    torch.testing.assert_close(shuffled["completion_ids"], ids[perm])
+
+
+def test_errors_for_what_trl_cannot_serve(tmp_path):
+    with pytest.raises(ValueError, match="has beta=0.04 but GRPOConfig beta=0.0"):
+        trainer(tmp_path, "grpo", "")
+    with pytest.raises(ValueError, match="entropy_filter='adaptive'"):
+        trainer(tmp_path, "s_grpo", "entropy_filter=adaptive")
+    with pytest.raises(ValueError, match="unknown LossConfig field"):
+        trainer(tmp_path, "s_grpo", "entropy_fliter=ln2")
+    with pytest.raises(ValueError, match="unknown preset"):
+        trainer(tmp_path, "ppo", "")
+
+
+def test_warns_when_the_filter_removes_every_completion(tmp_path):
+    t = trainer(tmp_path, "s_grpo", "", max_steps=1)  # the ln 2 filter on a random model (entropy ~3.8 nats)
+    with pytest.warns(UserWarning, match="removed every completion"):
+        t.train()
+
+
+def test_lm_head_helper():
+    peft = pytest.importorskip("peft")
+    tied, untied = model(tied=True), model(tied=False)
+    assert lm_head(tied).weight is tied.model.embed_tokens.weight
+    assert lm_head(untied).weight is untied.lm_head.weight
+    assert lm_head(untied).weight is not untied.model.embed_tokens.weight
+    wrapped = peft.get_peft_model(model(tied=False), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    assert lm_head(wrapped).weight is wrapped.get_base_model().lm_head.weight
+    biased = model(tied=False)
+    biased.lm_head.bias = torch.nn.Parameter(torch.randn(biased.lm_head.out_features))
+    assert lm_head(biased).bias is biased.lm_head.bias
+    biased.config.logit_scale = 0.5  # Cohere: logits * 0.5 -> temperature 0.7 / 0.5
+    assert lm_head(biased).temperature(0.7) == pytest.approx(1.4)
+    biased.config.final_logit_softcapping = 30.0
+    with pytest.raises(NotImplementedError, match="final_logit_softcapping=30.0"):
+        lm_head(biased).temperature(1.0)
+    with pytest.raises(ValueError, match="no output embeddings"):
+        lm_head(torch.nn.Linear(2, 2))
