@@ -137,3 +137,18 @@ def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
 
     with pytest.raises(Refused, match="cannot be split into whole groups over 3 processes"):
         loop.check_world(dataclasses.replace(_cfg(tmp_path), prompts_per_step=4), Dist(rank=0, world=3))
+
+
+def test_bench_ddp_runs_and_reports(tmp_path, monkeypatch):
+    """The data-parallel benchmark end to end on the tiny model (1 step per job): both jobs train on the same global
+    batch and the table reports them."""
+    from benchmarks import bench_ddp
+
+    monkeypatch.setattr(bench_ddp, "REPO", REPO)
+    out = tmp_path / "ddp.md"
+    monkeypatch.setattr(bench_ddp, "RESULTS", tmp_path)
+    assert bench_ddp.main(["--model", "tiny", "--steps", "1", "--prompts", "2", "--group-size", "2", "--publish"]) == 0
+    text = (tmp_path / "ddp_cpu.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2 and all("| 4 |" in row for row in rows), text  # 2 prompts x 2 completions in both jobs
+    assert not out.exists()
