@@ -165,6 +165,8 @@ def load_model_and_tokenizer(
             f"model {name!r}: not 'smollm2-135m', 'tiny', a local model folder, or a Hugging Face model this machine "
             f"can download ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         ) from exc
+    if "gguf_file" in kwargs:  # de-quantized on load: a plain float model, though HF still flags it as quantized
+        model.hf_quantizer, model.is_quantized = None, False  # (which makes HF Trainer / TRL refuse to fine-tune it)
     tok.padding_side = "left"  # generation needs left padding
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
