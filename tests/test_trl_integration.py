@@ -183,3 +183,44 @@ def test_lm_head_helper():
         lm_head(biased).temperature(1.0)
     with pytest.raises(ValueError, match="no output embeddings"):
         lm_head(torch.nn.Linear(2, 2))
+
+
+TWO_PROCESS_SCRIPT = r"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from tests.test_trl_integration import trainer
+t = trainer(Path(sys.argv[2]), per_device_train_batch_size=4)
+t.train()
+flat = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
+parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(parts, flat)
+assert all(torch.equal(parts[0], q) for q in parts), "the ranks' weights differ after training"
+logs = [h for h in t.state.log_history if "loss" in h]
+assert len(logs) == 2 and all("sgrpo/masked_frac" in h for h in logs), logs
+if dist.get_rank() == 0:
+    print("TWO-PROCESS OK", len(logs))
+"""
+
+
+def test_two_processes_train_and_stay_in_sync(tmp_path):
+    """torchrun, 2 gloo processes on this CPU: the groups are gathered across processes for the advantages and
+    conflict weights, the ranks train 2 steps and end with identical weights."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "two.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(script), str(repo), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "TWO-PROCESS OK 2" in res.stdout

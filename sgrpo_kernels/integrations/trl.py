@@ -116,7 +116,7 @@ class SGRPOTrainer(GRPOTrainer):
         acc = self.accelerator
         if acc.num_processes == 1:
             return ids, mask.bool()
-        ids = acc.pad_across_processes(ids, dim=1, pad_index=self.pad_token_id)
+        ids = acc.pad_across_processes(ids, dim=1, pad_index=0)  # (padding is masked out)
         mask = acc.pad_across_processes(mask, dim=1, pad_index=0)
         return acc.gather(ids), acc.gather(mask).bool()
 
