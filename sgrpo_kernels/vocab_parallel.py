@@ -74,6 +74,18 @@ def combine(logp_r: Tensor, ent_r: Tensor, stats_r: Tensor, owner: Tensor, ignor
     return logp, entropy, stats
 
 
+def shard_forward(targets: Tensor, offset: int, size: int, opts: Options, group, like: Tensor, run):
+    """The forward both ops share: shard-local targets, this shard's backend forward `run(local_targets, opts)`
+    (skipped for an empty shard), the combine. -> (local targets, owner mask, logp, entropy, global stats)."""
+    local, owner, ignored = local_targets(targets, offset, size, opts.ignore_index)
+    if size == 0:
+        logp_r, ent_r, stats_r = _nothing(targets.shape[0], like)
+    else:
+        logp_r, ent_r, stats_r = run(local, dataclasses.replace(opts, return_entropy=True, need_stats=True))
+    logp, entropy, stats = combine(logp_r, ent_r, stats_r, owner, ignored, size == 0, group)
+    return local, owner, logp, entropy, stats
+
+
 class LinearVP(torch.autograd.Function):
     """linear_logprobs over a vocabulary-sharded head: forward(hidden (N, D), weight (V_r, D), targets (N,) global ids,
     bias (V_r,) | None, group, backend name, Options, offset of the shard) -> (logp, entropy). Targets already
@@ -82,13 +94,11 @@ class LinearVP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, bias, group, backend: str, opts: Options, offset: int):
         empty = weight.shape[0] == 0
-        local, owner, ignored = local_targets(targets, offset, weight.shape[0], opts.ignore_index)
-        if empty:
-            logp_r, ent_r, stats_r = _nothing(hidden.shape[0], hidden)
-        else:
-            inner = dataclasses.replace(opts, return_entropy=True, need_stats=True)
-            logp_r, ent_r, stats_r = get(backend).linear_logprobs_fwd(hidden, weight, local, bias, inner)
-        logp, entropy, stats = combine(logp_r, ent_r, stats_r, owner, ignored, empty, group)
+
+        def run(local, inner):
+            return get(backend).linear_logprobs_fwd(hidden, weight, local, bias, inner)
+
+        local, owner, logp, entropy, stats = shard_forward(targets, offset, weight.shape[0], opts, group, hidden, run)
         ctx.save_for_backward(hidden, weight, local, owner, bias, stats, entropy)
         ctx.group, ctx.backend, ctx.opts, ctx.has_bias, ctx.empty = group, backend, opts, bias is not None, empty
         return logp, entropy
@@ -130,13 +140,11 @@ class LogitsVP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, group, backend: str, opts: Options, offset: int):
         empty = logits.shape[1] == 0
-        local, owner, ignored = local_targets(targets, offset, logits.shape[1], opts.ignore_index)
-        if empty:
-            logp_r, ent_r, stats_r = _nothing(logits.shape[0], logits)
-        else:
-            inner = dataclasses.replace(opts, return_entropy=True, need_stats=True)
-            logp_r, ent_r, stats_r = get(backend).logprobs_from_logits_fwd(logits, local, inner)
-        logp, entropy, stats = combine(logp_r, ent_r, stats_r, owner, ignored, empty, group)
+
+        def run(local, inner):
+            return get(backend).logprobs_from_logits_fwd(logits, local, inner)
+
+        local, owner, logp, entropy, stats = shard_forward(targets, offset, logits.shape[1], opts, group, logits, run)
         ctx.save_for_backward(logits, local, owner, stats, entropy)
         ctx.backend, ctx.opts, ctx.empty = backend, opts, empty
         return logp, entropy
