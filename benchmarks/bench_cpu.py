@@ -1,4 +1,5 @@
-"""CPU benchmark: the reference path (full logits) against the chunked `torch` backend at real LM-head shapes.
+"""CPU benchmark: the reference path (full logits), the chunked `torch` backend and, when `trl` is installed, TRL's
+fused LM head (`trl.kernels.ChunkedLogProbFunction`, TRL's own chunk width) at real LM-head shapes.
 
     python -m benchmarks.bench_cpu                       # all shapes -> runs/bench/cpu.{csv,md} (scratch)
     python -m benchmarks.bench_cpu --models qwen2.5-0.5b --tokens 2048 --repeats 3
@@ -15,8 +16,10 @@ purpose.
 - time: median (p20, p80) over --repeats timed calls after --warmup untimed ones; both providers run in one
   subprocess, alternating call by call, so changes in machine load hit both alike.
 fwd = forward with grad enabled (what training does before backward); fwd+bwd = forward + backward through both
-outputs (random upstream gradients on logp and entropy). fp32, all cores.
-A number is reported only after the provider's outputs were checked against the other provider at the same shape.
+outputs (random upstream gradients on logp and entropy); fwd+bwd-half0 = the same with the upstream gradients of half
+the rows exactly zero (filtered completions, zero-advantage groups: rows the op skips). fp32, all cores.
+A number is reported only after the provider's outputs (values and gradient norms) agreed with the reference path's at
+the same shape.
 """
 
 from __future__ import annotations
@@ -34,8 +37,20 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers ru
 SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
 
 MODELS = {"smollm2-135m": (576, 49152), "qwen2.5-0.5b": (896, 151936)}
-PROVIDERS = ("reference", "torch")
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "fwd+bwd", "fwd+bwd-half0")
+TRL_CHUNK = 32768  # the vocabulary chunk TRL's GRPOTrainer passes (trl 1.16, trl/trainer/utils.py)
+
+
+def providers() -> tuple[str, ...]:
+    """reference and torch always; trl when it is installed."""
+    try:
+        from trl.kernels import ChunkedLogProbFunction  # noqa: F401
+    except ImportError:
+        return ("reference", "torch")
+    return ("reference", "torch", "trl")
+
+
+PROVIDERS = providers()
 
 
 def _rss_bytes() -> int:
@@ -68,19 +83,35 @@ def _setup(D: int, V: int, N: int):
     return hidden, weight, targets, g_logp, g_ent
 
 
+def _upstream(mode: str, g_logp, g_ent):
+    """The upstream gradients of a mode: fwd+bwd-half0 zeroes every other row (exactly 0: skippable)."""
+    if mode != "fwd+bwd-half0":
+        return g_logp, g_ent
+    keep = (__import__("torch").arange(len(g_logp)) % 2 == 0).to(g_logp.dtype)
+    return g_logp * keep, g_ent * keep
+
+
 def _make_call(provider: str, mode: str, hidden, weight, targets, g_logp, g_ent):
     import torch
 
     import sgrpo_kernels as sk
     from sgrpo_kernels import reference as ref
 
-    fn = ref.linear_logprobs if provider == "reference" else sk.linear_logprobs
+    if provider == "trl":
+        from trl.kernels import ChunkedLogProbFunction
+
+        def fn(h, w, t):
+            out = ChunkedLogProbFunction.apply(h, w, None, t, 1.0, TRL_CHUNK, None, 1.0, ("entropy",))
+            return out[0], out[1]
+    else:
+        fn = ref.linear_logprobs if provider == "reference" else sk.linear_logprobs
+    g_logp, g_ent = _upstream(mode, g_logp, g_ent)
 
     def call():
         hidden.grad = None
         weight.grad = None
         logp, ent = fn(hidden, weight, targets)
-        if mode == "fwd+bwd":
+        if mode != "fwd":
             torch.autograd.backward((logp, ent), (g_logp, g_ent))
             return logp.detach(), ent.detach(), hidden.grad, weight.grad
         return logp.detach(), ent.detach()
@@ -94,13 +125,13 @@ def _worker_mem(provider: str, D: int, V: int, N: int, mode: str) -> dict:
 
     inputs = _setup(D, V, N)
     call = _make_call(provider, mode, *inputs)
-    grad_bytes = (N * D + V * D) * 4 if mode == "fwd+bwd" else 0
+    grad_bytes = (N * D + V * D) * 4 if mode != "fwd" else 0
     _reset_peak()
     base = _rss_bytes()
     out = call()
     peak = _peak_bytes()
     check = {"logp_sum": float(out[0].double().sum()), "ent_sum": float(out[1].double().sum())}
-    if mode == "fwd+bwd":
+    if mode != "fwd":
         check["gh_norm"] = float(out[2].double().norm())
         check["gw_norm"] = float(out[3].double().norm())
     return {"peak_extra_mb": max(0, peak - base - grad_bytes) / 2**20, "check": check,
@@ -185,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         D, V = MODELS[model]
         print(f"[{i}/{len(configs)}] {model} N={N} {mode}: memory ...", end=" ", flush=True)
         mem = {p: _spawn("mem", p, D, V, N, mode) for p in PROVIDERS}
-        if not _agree(mem["torch"]["check"], mem["reference"]["check"]):
-            raise SystemExit(f"outputs disagree at {model} N={N} {mode}: {mem['torch']['check']} vs "
-                             f"{mem['reference']['check']}")
+        for p in PROVIDERS[1:]:
+            if not _agree(mem[p]["check"], mem["reference"]["check"]):
+                raise SystemExit(f"{p} disagrees with the reference at {model} N={N} {mode}: {mem[p]['check']} vs "
+                                 f"{mem['reference']['check']}")
         print("time ...", end=" ", flush=True)
         times = _spawn("time", D, V, N, mode, args.repeats, args.warmup)
         stats = {p: quantiles(times[p]) for p in PROVIDERS}
@@ -199,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 "N": N, "D": D, "V": V, "dtype": "fp32", "ms_median": round(med, 1), "ms_p20": round(p20, 1),
                 "ms_p80": round(p80, 1), "peak_extra_mb": round(mem[p]["peak_extra_mb"], 1),
                 "time_vs_ref": round(med / stats["reference"][0], 3),
+                "time_vs_trl": round(med / stats["trl"][0], 3) if "trl" in stats else None,
                 "mem_vs_ref": round(mem[p]["peak_extra_mb"] / max(mem["reference"]["peak_extra_mb"], 1e-9), 4),
                 "versions": versions(), "git_sha": git_sha(),
             })
@@ -207,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_csv(out.with_suffix(".csv"), rows)
     cols = ["model", "N", "mode", "provider", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_ref",
-            "mem_vs_ref"]
+            "mem_vs_ref"] + (["time_vs_trl"] if "trl" in PROVIDERS else [])
     header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
               f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
               f"Command: python -m benchmarks.bench_cpu {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")

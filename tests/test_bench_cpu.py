@@ -13,7 +13,7 @@ def fake_spawn(kind, *args):
     """The workers' answers without running them (a real run takes minutes)."""
     if kind == "mem":
         return {"peak_extra_mb": 1.0, "check": {"logp_sum": 1.0, "ent_sum": 2.0}, "threads": 1}
-    return {"reference": [2.0, 2.2], "torch": [1.0, 1.1]}
+    return {p: [2.0 - i, 2.2 - i] for i, p in enumerate(bench.PROVIDERS)}
 
 
 @pytest.fixture
@@ -49,3 +49,23 @@ def test_help_shows_defaults(capsys):
         bench.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: runs/bench/cpu)" in text and "(default: 3)" in text and "--publish" in text
+
+
+@pytest.mark.parametrize("mode", bench.MODES)
+def test_providers_agree_at_a_tiny_shape(mode):
+    """The gate a real run applies, run for real at a tiny shape: every provider installed here (trl's fused head too,
+    with the trl extra) agrees with the reference path on values and gradient norms, in every mode."""
+    results = {p: bench._worker_mem(p, 16, 300, 12, mode) for p in bench.PROVIDERS}
+    ref = results["reference"]["check"]
+    assert (mode == "fwd") == ("gh_norm" not in ref)
+    for p, r in results.items():
+        assert bench._agree(r["check"], ref), (p, r["check"], ref)
+
+
+def test_half_zero_mode_zeroes_every_other_row():
+    import torch
+
+    g1, g2 = torch.ones(6), torch.full((6,), 2.0)
+    a, b = bench._upstream("fwd+bwd-half0", g1, g2)
+    assert a.tolist() == [1, 0, 1, 0, 1, 0] and b.tolist() == [2, 0, 2, 0, 2, 0]
+    assert bench._upstream("fwd+bwd", g1, g2) == (g1, g2)
