@@ -49,13 +49,19 @@ def reward(completions, answer, **kwargs):
     return [float(c.strip()[:1] == a[:1]) + 0.1 * sum(ch.isdigit() for ch in c) for c, a in zip(completions, answer)]
 
 
-def trainer(tmp_path, preset="s_grpo", loss="entropy_filter=quantile:0.75", peft_config=None, **kw) -> SGRPOTrainer:
+def trainer(tmp_path, preset="s_grpo", loss="entropy_filter=quantile:0.75", peft_config=None, from_disk=False,
+            **kw) -> SGRPOTrainer:  # fmt: skip
     args = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                 max_completion_length=6, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
                 learning_rate=1e-2, save_strategy="no", beta=0.0, sgrpo_preset=preset, sgrpo_loss=loss,
                 seed=0)  # fmt: skip
     args.update(kw)
-    return SGRPOTrainer(model=model(), processing_class=tokenizer(), reward_funcs=reward, args=SGRPOConfig(**args),
+    m = model()
+    if from_disk:  # TRL loads its reference model (beta != 0) by name: give it a saved folder
+        m.save_pretrained(tmp_path / "model")
+        tokenizer().save_pretrained(tmp_path / "model")
+        m = str(tmp_path / "model")
+    return SGRPOTrainer(model=m, processing_class=tokenizer(), reward_funcs=reward, args=SGRPOConfig(**args),
                         train_dataset=dataset(), peft_config=peft_config)  # fmt: skip
 
 
@@ -224,3 +230,42 @@ def test_two_processes_train_and_stay_in_sync(tmp_path):
     res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "TWO-PROCESS OK 2" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("preset", "loss", "extra"),
+    [
+        ("grpo", "", {"beta": 0.04}),  # TRL's reference model and its log-probs feed the preset's KL term
+        ("s_grpo", "entropy_filter=quantile:0.75", {"num_iterations": 2}),  # old log-probs from TRL
+        ("gtpo", "entropy_filter=none", {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
+    ],
+)
+def test_trl_features_work_through_the_integration(tmp_path, monkeypatch, preset, loss, extra):
+    import sgrpo_kernels.integrations.trl as integration
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs[k] is not None for k in ("old_logp", "ref_logp")})
+        return rl.sgrpo_loss(*args, **kwargs)
+
+    monkeypatch.setattr(integration, "sgrpo_loss", spy)
+    t = trainer(tmp_path, preset, loss, from_disk=bool(extra.get("beta")), **extra)
+    before = trained_params(t)
+    t.train()
+    after = trained_params(t)
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 0
+    logs = [h for h in t.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(np_finite(h["loss"]) for h in logs)
+    assert seen and all(s["ref_logp"] == bool(extra.get("beta")) for s in seen)  # TRL's reference log-probs
+    if extra.get("beta"):  # the k3 KL against them: 0 before the first update, > 0 after it
+        assert logs[0]["kl"] == pytest.approx(0.0, abs=1e-6) and logs[-1]["kl"] > 0
+    assert all(s["old_logp"] == bool(extra.get("num_iterations")) for s in seen)  # TRL's old log-probs when reused
+    if extra.get("gradient_accumulation_steps"):
+        assert len(seen) == 4  # 2 optimizer steps x 2 micro-batches
+
+
+def np_finite(x: float) -> bool:
+    import math
+
+    return math.isfinite(x)
