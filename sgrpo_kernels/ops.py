@@ -21,6 +21,7 @@ from sgrpo_kernels.backends import Options, get, resolve, stats_dtype
 from sgrpo_kernels.validation import (
     check_flag,
     check_global_vocab,
+    check_head_options,
     check_linear_inputs,
     check_logits_inputs,
     check_memory_budget,
@@ -273,6 +274,8 @@ def linear_logprobs(
     memory_budget: int | None = None,
     check_targets: bool | None = None,
     process_group=None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
 
@@ -296,11 +299,19 @@ def linear_logprobs(
             may be empty); `targets` are global token ids; `hidden` is the same on every rank. The result is the
             unsharded op's on every rank; the gradient of `hidden` is the full one on every rank, those of `weight`
             and `bias` this rank's shard of the full gradient. Collectives: sgrpo_kernels/vocab_parallel.py.
+        logit_scale, softcap: a model's head options, applied in its order before the temperature:
+            logits = softcap * tanh(logit_scale * (h W^T + b) / softcap) (Gemma 2/3's final_logit_softcapping), or
+            logit_scale * (h W^T + b) without a softcap (Cohere; Granite's 1 / logits_scaling). A logit scale alone is
+            folded into the temperature (every backend); a softcap is applied by the torch backend (triton and npu
+            refuse it for now). `sgrpo_kernels.integrations.hf.lm_head` reads both from a Hugging Face model.
     """
     shard = process_group is not None
     temperature, ignore_index = check_linear_inputs(
         hidden, weight, targets, bias, temperature, ignore_index, shard=shard
     )
+    logit_scale, softcap = check_head_options(logit_scale, softcap)
+    if not softcap:  # z = scale * logits / T = logits / (T / scale): exact, and every backend serves it
+        temperature, logit_scale = temperature / logit_scale, 1.0
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
@@ -310,7 +321,7 @@ def linear_logprobs(
         opts=Options(
             temperature=temperature, ignore_index=ignore_index,
             return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad,
-            memory_budget=_budget(memory_budget),
+            memory_budget=_budget(memory_budget), softcap=softcap, logit_scale=logit_scale,
         ),
     )
     lead = targets.shape

@@ -297,3 +297,15 @@ def check_process_group(group: object, op: str):
 def check_global_vocab(size: int, op: str) -> None:
     if size == 0:
         raise ValueError(f"{op}: every rank's vocabulary shard is empty (global V = 0)")
+
+
+def check_head_options(logit_scale: object, softcap: object) -> tuple[float, float]:
+    """linear_logprobs' `logit_scale` (a finite number > 0) and `softcap` (None, or a finite number > 0) -> floats, the
+    softcap as 0.0 when None."""
+    for name, value in (("logit_scale", logit_scale), ("softcap", softcap)):
+        if value is None and name == "softcap":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            expected = "a finite number > 0" + (" or None" if name == "softcap" else "")
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(logit_scale), float(softcap or 0.0)

@@ -182,11 +182,11 @@ def test_lm_head_helper():
     biased = model(tied=False)
     biased.lm_head.bias = torch.nn.Parameter(torch.randn(biased.lm_head.out_features))
     assert lm_head(biased).bias is biased.lm_head.bias
-    biased.config.logit_scale = 0.5  # Cohere: logits * 0.5 -> temperature 0.7 / 0.5
-    assert lm_head(biased).temperature(0.7) == pytest.approx(1.4)
-    biased.config.final_logit_softcapping = 30.0
-    with pytest.raises(NotImplementedError, match="final_logit_softcapping=30.0"):
-        lm_head(biased).temperature(1.0)
+    biased.config.logit_scale = 0.5  # Cohere multiplies its logits
+    biased.config.final_logit_softcapping = 30.0  # Gemma 2/3
+    assert lm_head(biased).options() == {"bias": biased.lm_head.bias, "logit_scale": 0.5, "softcap": 30.0}
+    biased.config.logit_scale, biased.config.logits_scaling = None, 4.0  # Granite divides by logits_scaling
+    assert lm_head(biased).scale == 0.25
     with pytest.raises(ValueError, match="no output embeddings"):
         lm_head(torch.nn.Linear(2, 2))
 

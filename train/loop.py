@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
+from sgrpo_kernels.integrations.hf import lm_head
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats, prepare_groups
 from train.checkpoint import STATE_FILE, read_checkpoint, rng_snapshot
 from train.config import TrainConfig
@@ -39,7 +40,6 @@ from train.errors import Refused, TrainError
 from train.evaluate import compare_heldout, heldout_eval
 from train.lock import RunLock
 from train.metrics import MetricsLog, NullLog, write_json
-from train.model import head_weight
 from train.rewards import format_reward
 from train.rollout import Batch, rollout
 from train.rundir import open_output_dir
@@ -148,9 +148,10 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
             run.optimizer.zero_grad(set_to_none=True)
             # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
             hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+            head = lm_head(model)
             loss, metrics = sgrpo_loss(
                 hidden,
-                head_weight(model),
+                head.weight,
                 targets,
                 groups.advantages,
                 batch.completion_mask,
@@ -162,6 +163,7 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
                 compute_entropy=True,
                 backend=cfg.backend,
                 check_targets=next(check),
+                **head.options(),  # bias, logit scale, softcap of this model's head
             )
             if run.dist.any(not bool(torch.isfinite(loss))):  # on any rank: every rank skips (they stay in step)
                 skipped += 1  # non-finite loss: no backward, no step; the weights are untouched

@@ -183,20 +183,9 @@ def decoder(model) -> torch.nn.Module:
 
 def head_weight(model) -> Tensor:
     """The LM-head matrix [V, D] that turns hidden states into logits (tied to the embeddings in SmolLM2), found by the
-    package's head helper (through PEFT / DDP wrappers). A head this trainer cannot apply exactly (a bias, a logit
-    scale or softcap) is refused by `check_head`."""
+    package's head helper (through PEFT / DDP wrappers); the training and probe calls pass the head's other options
+    (`lm_head(model).options()`: bias, logit scale, softcap) too."""
     return lm_head(model).weight
-
-
-def check_head(model) -> None:
-    """The bundled trainer passes only the head's weight and the sampling temperature to the op: refuse a model whose
-    head also has a bias, a logit scale or a softcap (its log-probs would be silently wrong)."""
-    head = lm_head(model)
-    extras = [name for name, on in (("a bias", head.bias is not None), (f"a logit scale {head.scale}", head.scale != 1),
-                                    (f"a logit softcap {head.softcap}", head.softcap is not None)) if on]  # fmt: skip
-    if extras:
-        has = " and ".join(extras)
-        raise ValueError(f"this model's LM head has {has}, which the bundled trainer does not apply yet")
 
 
 def policy_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

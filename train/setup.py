@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from sgrpo_kernels import linear_logprobs
+from sgrpo_kernels.integrations.hf import lm_head
 from sgrpo_kernels.rl import LossConfig
 from sgrpo_kernels.validation import check_target_values
 from train.checkpoint import load_probe, save_probe
@@ -22,7 +23,6 @@ from train.guard import StepGuard
 from train.metrics import write_json
 from train.model import (
     add_lora,
-    check_head,
     head_weight,
     load_model_and_tokenizer,
     param_bytes,
@@ -89,14 +89,16 @@ def token_logprobs(
     """Forward-only log-probs [N, T] of the completion tokens (no autograd state, no logits). `check_targets`: as in
     `linear_logprobs` (None = env SGRPO_CHECK_TARGETS, default on; one host sync)."""
     hidden = completion_hidden(model, batch, group_size)
+    head = lm_head(model)
     logp, _ = linear_logprobs(
         hidden,
-        head_weight(model),
+        head.weight,
         completion_targets(batch),
         temperature=temperature,
         return_entropy=False,
         backend=backend,
         check_targets=check_targets,
+        **head.options(),  # bias, logit scale, softcap of this model's head
     )
     return logp
 
@@ -186,7 +188,6 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         ref_model, _ = load_model_and_tokenizer(cfg.model, device, dtype, cfg.seed)
         ref_model.requires_grad_(False).eval()
         print(f"reference model: {param_bytes(ref_model) / 2**20:.1f} MiB of weights")
-    check_head(model)
     if cfg.lora:
         model = add_lora(model, cfg.lora_r, cfg.lora_alpha)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)

@@ -69,6 +69,10 @@ class Options:
     inplace_backward: bool = False  # logprobs_from_logits: write grad_logits into the logits buffer
     need_grad_hidden: bool = True  # linear_logprobs_bwd may return None for a gradient that is not needed
     need_grad_weight: bool = True  # (grad_weight and grad_bias); e.g. a frozen LM head under LoRA
+    # linear_logprobs head options: z = softcap * tanh(logit_scale * (h W^T + b) / softcap) / temperature when
+    # softcap > 0 (Gemma 2/3); without a softcap the ops fold logit_scale into the temperature, so backends see 1.0
+    softcap: float = 0.0
+    logit_scale: float = 1.0
 
 
 @runtime_checkable

@@ -178,6 +178,7 @@ def linear_logprobs_fwd(hidden: torch.Tensor, weight: torch.Tensor, targets: tor
                         bias: torch.Tensor | None, opts: Options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hidden (N, D), weight (V, D), targets (N,) -> logp (N,), entropy (N,) | (0,), stats (2, N) | (2, 0), all
     fp32."""
+    _refuse_softcap(opts)
     _check_dtype("hidden", hidden)
     kern = _kernels()
     n, v = hidden.shape[0], weight.shape[0]
@@ -216,6 +217,7 @@ def linear_logprobs_bwd(grad_logp: torch.Tensor, grad_entropy: torch.Tensor | No
                         entropy: torch.Tensor | None,
                         opts: Options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) | None."""
+    _refuse_softcap(opts)
     kern = _kernels()
     n, d = hidden.shape
     v = weight.shape[0]
@@ -306,3 +308,11 @@ def logprobs_from_logits_bwd(grad_logp: torch.Tensor, grad_entropy: torch.Tensor
         logits.copy_(out)
         return logits
     return out
+
+
+def _refuse_softcap(opts: Options) -> None:
+    if opts.softcap:
+        raise NotImplementedError(
+            f"the npu backend does not apply a logit softcap (softcap={opts.softcap:g}) yet; use backend='torch' "
+            "for this model"
+        )

@@ -61,15 +61,23 @@ class _Tiles:
         return self.bufs[k][: r * c].view(r, c)
 
 
-def _logits_tile(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float, out: torch.Tensor):
-    """out = (h @ w.T + b) / temperature, written into a reused buffer."""
+def _logits_tile(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts: Options, out: torch.Tensor):
+    """out = head(h @ w.T + b) / temperature, written into a reused buffer; head(x) = softcap * tanh(logit_scale * x /
+    softcap) with a softcap, else x."""
     if b is not None:
         torch.addmm(b, h, w.T, out=out)
     else:
         torch.mm(h, w.T, out=out)
-    if temperature != 1.0:
-        out.div_(temperature)
+    if opts.softcap:
+        out.mul_(opts.logit_scale / opts.softcap).tanh_().mul_(opts.softcap)
+    if opts.temperature != 1.0:
+        out.div_(opts.temperature)
     return out
+
+
+def _softcap_slope_(z: torch.Tensor, opts: Options) -> torch.Tensor:
+    """In place: z (a tile from _logits_tile) -> d head / d logits = logit_scale * (1 - tanh^2), tanh = z T / c."""
+    return z.mul_(opts.temperature / opts.softcap).square_().neg_().add_(1.0).mul_(opts.logit_scale)
 
 
 class _OnlineStats:
@@ -219,7 +227,7 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
         w = weight[v0:v1].to(cdt)
         b = bias[v0:v1].to(cdt) if bias is not None else None
         for r0, r1 in _spans(na, rows_per_tile):
-            z = _logits_tile(h[r0:r1], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
+            z = _logits_tile(h[r0:r1], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
             stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
     logp, row_stats, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, row_stats, entropy, idx, n, opts)
@@ -260,11 +268,13 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
             gw = torch.zeros(v1 - v0, d, device=h.device, dtype=cdt) if cast_w else grad_w[v0:v1]
         for r0, r1 in _spans(na, rows_per_tile):
             sl = slice(r0, r1)
-            z = _logits_tile(h[sl], w, b, opts.temperature, tiles.view(0, r1 - r0, v1 - v0))
+            z = _logits_tile(h[sl], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
             dz = _grad_tile_(
                 z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, st[:, sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
             )
+            if opts.softcap:  # chain rule through the cap: the tile again (one more matmul), as its slope
+                dz.mul_(_softcap_slope_(_logits_tile(h[sl], w, b, opts, tiles.view(0, r1 - r0, v1 - v0)), opts))
             if need_h:
                 grad_h[sl].addmm_(dz, w)
             if need_w:

@@ -19,16 +19,9 @@ class LMHead:
     scale: float = 1.0  # multiplies the logits (Cohere logit_scale; 1 / logits_scaling for Granite)
     softcap: float | None = None  # Gemma 2/3 final_logit_softcapping
 
-    def temperature(self, temperature: float) -> float:
-        """The op's temperature that applies this head's scale and then `temperature`: z = scale * logits / T =
-        logits / (T / scale). Raises for a softcap (not expressible as a temperature; not supported yet)."""
-        if self.softcap is not None:
-            raise NotImplementedError(
-                f"this model caps its logits (final_logit_softcapping={self.softcap}); the fused ops do not apply a "
-                "softcap yet, so its log-probs would be wrong. Use a model without it."
-            )
-        return temperature / self.scale
-
+    def options(self) -> dict:
+        """The keywords of `linear_logprobs` / `sgrpo_loss` that apply this head: bias, logit_scale, softcap."""
+        return {"bias": self.bias, "logit_scale": self.scale, "softcap": self.softcap}
 
 def unwrap(model):
     """The Hugging Face model inside DDP (`.module`) and PEFT (`.get_base_model()`) wrappers."""

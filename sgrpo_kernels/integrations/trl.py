@@ -151,8 +151,8 @@ class SGRPOTrainer(GRPOTrainer):
             inputs["advantages"],
             mask,
             cfg,
-            bias=head.bias,
-            temperature=head.temperature(self.temperature),
+            temperature=self.temperature,
+            **head.options(),  # bias, logit scale, softcap: applied in the model's order, before the temperature
             old_logp=inputs.get("old_per_token_logps"),
             ref_logp=inputs.get("ref_per_token_logps") if cfg.needs_ref else None,
             token_weights=inputs.get("sgrpo_token_weights"),

@@ -36,6 +36,8 @@ def sgrpo_loss(
     memory_budget: int | None = None,
     check_targets: bool | None = None,
     process_group=None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
 
@@ -60,6 +62,7 @@ def sgrpo_loss(
         ignore_index, backend, memory_budget, check_targets: forwarded to ``linear_logprobs`` (``check_targets``
             costs one host sync per call; a trainer that calls several times per step on the same targets can check
             on the first call only).
+        logit_scale, softcap: the model's head options, as in ``linear_logprobs``.
         process_group: the LM head is sharded by vocabulary over this ``torch.distributed`` group (``weight`` /
             ``bias`` are this rank's shard; ``targets`` global ids): as in ``linear_logprobs``. The loss and metrics
             are the same on every rank; ``weight`` gets this rank's shard of the gradient.
@@ -99,6 +102,8 @@ def sgrpo_loss(
         memory_budget=memory_budget,
         check_targets=check_targets,
         process_group=process_group,
+        logit_scale=logit_scale,
+        softcap=softcap,
     )
     vocab = int(weight.shape[0])
     if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)

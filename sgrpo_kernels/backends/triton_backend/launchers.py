@@ -121,6 +121,7 @@ def _num_splits(n: int, vocab: int, ref: torch.Tensor, forced: int | None) -> tu
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: Hooks = NO_HOOKS):
     """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), stats | (2, 0)), fp32
     (fp64 for fp64 inputs)."""
+    _refuse_softcap(opts)
     n, d = hidden.shape
     vocab = weight.shape[0]
     in_dtype = hidden.dtype
@@ -182,6 +183,7 @@ def _chunk_width(n: int, vocab: int, elem_bytes: int, memory_budget: int, ref: t
 def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options, *,
                         hooks: Hooks = NO_HOOKS):
     """-> grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) | None."""
+    _refuse_softcap(opts)
     n, d = hidden.shape
     vocab = weight.shape[0]
     out_dtype = hidden.dtype
@@ -293,3 +295,11 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
             return logits
         return out.double()
     return out
+
+
+def _refuse_softcap(opts: Options) -> None:
+    if opts.softcap:
+        raise NotImplementedError(
+            f"the triton backend does not apply a logit softcap (softcap={opts.softcap:g}) yet; use backend='torch' "
+            "for this model"
+        )

@@ -1,0 +1,123 @@
+"""Head options of real models in `linear_logprobs` / `sgrpo_loss`: `logit_scale` (Cohere, Granite) and `softcap`
+(Gemma 2/3's final_logit_softcapping), in the model's order (scale, softcap, temperature), forward and every gradient
+against float64 autograd on the full logits; the backends that do not apply a softcap yet refuse it by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgrpo_kernels as sk
+from sgrpo_kernels import rl
+from sgrpo_kernels.backends import available_backends
+
+IGNORE = -100
+
+
+def reference(h, w, b, t, temperature, scale, softcap):
+    logits = h @ w.T + (b if b is not None else 0)
+    logits = scale * logits
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    z = logits / temperature
+    logp_all = torch.log_softmax(z, -1)
+    valid = t != IGNORE
+    logp = torch.where(valid, logp_all.gather(1, t.clamp(min=0)[:, None])[:, 0], torch.zeros(()))
+    ent = torch.where(valid, -(logp_all.exp() * logp_all).sum(-1), torch.zeros(()))
+    return logp, ent
+
+
+def inputs(n=9, d=6, v=37, bias=True, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(n, d, generator=g, dtype=dtype) * 2).requires_grad_()
+    w = (torch.randn(v, d, generator=g, dtype=dtype) * 2).requires_grad_()  # logits ~ +-20: the cap matters
+    b = torch.randn(v, generator=g, dtype=dtype).requires_grad_() if bias else None
+    t = torch.randint(0, v, (n,), generator=g)
+    t[2] = IGNORE
+    g1, g2 = torch.randn(n, generator=g, dtype=dtype), torch.randn(n, generator=g, dtype=dtype)
+    g1[0] = g2[0] = 0.0  # a zero-gradient row
+    return h, w, b, t, g1, g2
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("temperature", "scale", "softcap"), [(1.0, 1.0, 30.0), (0.7, 0.0625, 5.0), (1.3, 2.5, 3.0),
+                                                               (0.7, 0.25, None), (1.0, 3.0, None)])  # fmt: skip
+def test_head_options_against_float64(bias, temperature, scale, softcap):
+    h, w, b, t, g1, g2 = inputs(bias=bias)
+    params = [h, w] + ([b] if bias else [])
+    ref = reference(h, w, b, t, temperature, scale, softcap)
+    ref_grads = torch.autograd.grad((ref[0] * g1).sum() + (ref[1] * g2).sum(), params)
+    out = sk.linear_logprobs(h, w, t, bias=b, temperature=temperature, logit_scale=scale, softcap=softcap,
+                             backend="torch")  # fmt: skip
+    grads = torch.autograd.grad((out[0] * g1).sum() + (out[1] * g2).sum(), params)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-10, atol=1e-12)
+    for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_softcap_changes_the_result():
+    """The cap is not a no-op at these logits (so the comparison above tests it)."""
+    h, w, b, t, *_ = inputs()
+    capped = sk.linear_logprobs(h, w, t, bias=b, softcap=3.0, backend="torch")[0]
+    plain = sk.linear_logprobs(h, w, t, bias=b, backend="torch")[0]
+    assert (capped - plain).abs().max() > 0.1
+
+
+def test_fp32_with_small_tiles_matches_float64():
+    h, w, b, t, g1, g2 = inputs(n=33, v=301)
+    ref = reference(h, w, b, t, 0.9, 0.5, 4.0)
+    h32, w32, b32 = (x.detach().float().requires_grad_() for x in (h, w, b))
+    out = sk.linear_logprobs(h32, w32, t, bias=b32, temperature=0.9, logit_scale=0.5, softcap=4.0, backend="torch",
+                             memory_budget=4096)  # fmt: skip
+    torch.testing.assert_close(out[0].double(), ref[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[1].double(), ref[1], rtol=1e-4, atol=1e-4)
+    (gh,) = torch.autograd.grad((out[0] * g1.float()).sum() + (out[1] * g2.float()).sum(), [h32])
+    (rh,) = torch.autograd.grad((ref[0] * g1).sum() + (ref[1] * g2).sum(), [h])
+    torch.testing.assert_close(gh.double(), rh, rtol=1e-3, atol=1e-4)
+
+
+def test_sgrpo_loss_passes_the_head_options():
+    h, w, b, *_ = inputs(n=8)
+    hidden = h.detach().view(2, 4, -1).requires_grad_()
+    targets = torch.randint(0, w.shape[0], (2, 4))
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    cfg = rl.preset("grpo_ef")  # uses the entropies too
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, _ = sk.sgrpo_loss(hidden, w, targets, adv, mask, cfg, bias=b, logit_scale=0.5, softcap=4.0, backend="torch")
+    logp, ent = reference(hidden.reshape(8, -1), w, b, targets.reshape(-1), 1.0, 0.5, 4.0)
+    want, _ = rl.policy_loss(logp.view(2, 4), adv, mask, cfg, entropy=ent.view(2, 4))
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), True, "2"])
+def test_bad_head_options_are_refused(value):
+    h, w, b, t, *_ = inputs()
+    with pytest.raises(ValueError, match="softcap must be a finite number > 0 or None"):
+        sk.linear_logprobs(h, w, t, softcap=value)
+    with pytest.raises(ValueError, match="logit_scale must be a finite number > 0"):
+        sk.linear_logprobs(h, w, t, logit_scale=value)
+
+
+@pytest.mark.parametrize("backend", [b for b, s in available_backends().items() if b == "triton" and s == "available"])
+def test_backends_without_softcap_refuse_it(backend):
+    h, w, b, t, *_ = inputs(dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match=f"the {backend} backend does not apply a logit softcap"):
+        sk.linear_logprobs(h, w, t, softcap=5.0, backend=backend)
+    # a logit scale alone is folded into the temperature: every backend serves it
+    out = sk.linear_logprobs(h, w, t, logit_scale=0.5, temperature=0.7, backend=backend)[0]
+    torch.testing.assert_close(out, sk.linear_logprobs(h, w, t, temperature=1.4, backend="torch")[0])
+
+
+def test_npu_backend_refuses_softcap_before_any_kernel():
+    """The npu module is importable without an NPU; its entry points refuse a softcap before touching the device."""
+    from sgrpo_kernels.backends import npu_backend
+    from sgrpo_kernels.backends.contract import Options
+
+    h, w, b, t, *_ = inputs(dtype=torch.float32)
+    opts = Options(softcap=5.0)
+    with pytest.raises(NotImplementedError, match="the npu backend does not apply a logit softcap"):
+        npu_backend.linear_logprobs_fwd(h.detach(), w.detach(), t, None, opts)
+    with pytest.raises(NotImplementedError, match="the npu backend does not apply a logit softcap"):
+        npu_backend.linear_logprobs_bwd(torch.ones(len(t)), None, h.detach(), w.detach(), t, None,
+                                        torch.zeros(2, len(t)), None, opts)  # fmt: skip
