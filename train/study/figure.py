@@ -12,7 +12,7 @@ PANELS = (
     ("Held-out accuracy (greedy)", "accuracy", "eval", "eval_acc"),
     ("Policy entropy", "mean token entropy (nats)", "step", "entropy_mean"),
     ("KL from the initial policy", "k3 estimate (nats)", "step", "kl_from_init"),
-    ("Gradient norm (before clipping)", "global L2 norm", "step", "grad_norm"),
+    ("Gradient norm before clipping (3-step mean)", "global L2 norm", "step", "grad_norm"),
     ("Batch success rate (3-step mean)", "fraction correct", "step", "accuracy"),
 )
 
@@ -42,7 +42,8 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8), constrained_layout=True)
+    fig, grid = plt.subplots(2, 3, figsize=(14, 7.6), constrained_layout=True)
+    axes, legend_ax = list(grid.flat[: len(PANELS)]), grid.flat[len(PANELS)]
     colours = plt.get_cmap("tab10")
     n_seeds = {}
     for i, arm in enumerate(arms):
@@ -52,7 +53,7 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
         n_seeds[arm] = len(runs)
         for ax, (_, _, kind, key) in zip(axes, PANELS):
             per_run = [_series(r, kind, key) for r in runs]
-            if key == "accuracy":
+            if key in ("accuracy", "grad_norm"):
                 per_run = [_smooth(s) for s in per_run]
             steps = sorted(set().union(*per_run)) if per_run else []
             steps = [s for s in steps if all(s in p for p in per_run)]  # points every seed measured
@@ -64,15 +65,16 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
             ax.plot(steps, mean, color=c, lw=1.6, marker="o" if kind == "eval" else None, ms=3, label=arm)
             if len(per_run) > 1:
                 ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=c, alpha=0.15, lw=0)
-    for ax, (title, ylabel, _, key) in zip(axes, PANELS):
+    for ax, (title, ylabel, _, _key) in zip(axes, PANELS):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if key == "grad_norm":
-            ax.set_yscale("log")
     seeds = sorted(set(n_seeds.values()))
-    axes[0].legend(fontsize=8, loc="best")
+    handles, labels = axes[1].get_legend_handles_labels()
+    legend_ax.axis("off")
+    legend_ax.legend(handles, [f"{a} ({n_seeds[a]} seeds)" for a in labels], loc="center", fontsize=10,
+                     title="arm", frameon=False)  # fmt: skip
     fig.suptitle(
         f"Study regime '{regime}': mean over {'/'.join(map(str, seeds))} seeds per arm (band: min..max over seeds)",
         fontsize=11,
