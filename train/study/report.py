@@ -100,12 +100,12 @@ def aggregate(runs: list[dict], order: list[str] | None = None) -> dict[str, dic
     return out
 
 
-def paired(runs: list[dict], baseline: str = BASELINE) -> dict[str, dict]:
+def paired(runs: list[dict], baseline: str = BASELINE, order: list[str] | None = None) -> dict[str, dict]:
     """{arm: {metric: {diff, se, n, significant}}}: the mean over shared seeds of (arm - baseline), its standard error,
     and whether |diff| >= 2 SE (n < 2 or a zero SE with a zero difference: not significant)."""
     base = {r["seed"]: r for r in runs if r["arm"] == baseline}
     out = {}
-    for arm in arm_order(runs):
+    for arm in arm_order(runs, order):
         if arm == baseline or not base:
             continue
         rows = {r["seed"]: r for r in runs if r["arm"] == arm}
@@ -206,7 +206,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     regime = manifest.get("regime", study_dir.name)
     order = order or list(manifest.get("arms", {}))
     aggs = aggregate(runs, order)
-    diffs = paired(runs)
+    diffs = paired(runs, order=order)
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
