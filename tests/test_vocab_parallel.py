@@ -56,10 +56,12 @@ def _worker(rank: int, world: int, port: int, cases: list) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        for sizes, n, d, temperature, bias, return_entropy, seed in cases:
+        for sizes, n, d, temperature, bias, return_entropy, seed, *head in cases:
             hidden, weight, b, targets, g_logp, g_ent, offsets = _case(sizes, n, d, temperature, bias, seed)
             lo, hi = offsets[rank], offsets[rank] + sizes[rank]
             kw = dict(temperature=temperature, return_entropy=return_entropy, backend="torch")
+            if head:  # head options: (logit_scale, softcap), applied per shard like the rest of the row
+                kw |= dict(logit_scale=head[0], softcap=head[1])
             what = f"sizes={sizes} T={temperature} bias={bias} entropy={return_entropy} rank={rank}"
 
             # reference: the unsharded op on the full head
@@ -85,6 +87,8 @@ def _worker(rank: int, world: int, port: int, cases: list) -> None:
                 torch.testing.assert_close(got_g[2], ref_g[2][lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_bias {what}")
             assert out[0][1] == 0 and got_g[0][0].abs().max() == 0  # ignored row; zero-gradient row
 
+            if head:
+                continue  # (logprobs_from_logits takes finished logits: no head options)
             # logprobs_from_logits over the same logits, sharded
             logits = hidden @ weight.T + (b if bias else 0)
             l0 = logits.clone().requires_grad_()
@@ -140,6 +144,7 @@ def test_vocab_parallel_three_ranks_unequal_and_empty_shard():
             ([5, 0, 8], 9, 4, 0.7, True, True, 0),  # an empty shard in the middle, bias, temperature
             ([1, 6, 2], 7, 3, 1.0, False, True, 1),
             ([4, 4, 0], 6, 5, 1.3, True, False, 2),  # log-probs only; the last shard empty
+            ([3, 0, 9], 7, 4, 0.8, True, True, 5, 0.5, 2.0),  # Gemma-style softcap after a logit scale
         ],
     )
 
