@@ -92,12 +92,18 @@ def test_two_process_update_equals_one_process_update(tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
 
 
+def _train_args(out: Path) -> list[str]:
+    """The tiny job's `python -m train` flags, the same for the torchrun runs and the 1-process resume."""
+    return ["--model", "tiny", "--output-dir", str(out), "--prompts-per-step", "4", "--group-size", "4",
+            "--max-new-tokens", "6", "--eval-problems", "6", "--eval-k", "2", "--eval-k-problems", "3",
+            "--probe-size", "3", "--kl-every", "1", "--progress", "false", "--threads", "1",
+            "--lr", "1e-2"]  # fmt: skip
+
+
 def _torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_port()), "-m", "train", "--model", "tiny", "--output-dir",
-           str(tmp_path / "run"), "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6",
-           "--eval-problems", "6", "--eval-k", "2", "--eval-k-problems", "3", "--probe-size", "3", "--kl-every", "1",
-           "--progress", "false", "--threads", "1", "--lr", "1e-2", *args]  # fmt: skip
+           "127.0.0.1", "--master_port", str(_port()), "-m", "train", *_train_args(tmp_path / "run"),
+           *args]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -120,10 +126,7 @@ def test_torchrun_two_processes_writes_global_metrics_and_resumes(tmp_path):
     assert (out / "checkpoint" / "state.pt").exists()
     # a different number of processes cannot resume it
     alone = subprocess.run(
-        [sys.executable, "-m", "train", "--model", "tiny", "--output-dir", str(out), "--resume", "--max-steps", "3",
-         "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6", "--eval-problems", "6",
-         "--eval-k", "2", "--eval-k-problems", "3", "--probe-size", "3", "--kl-every", "1", "--progress", "false",
-         "--threads", "1", "--lr", "1e-2"],
+        [sys.executable, "-m", "train", *_train_args(out), "--resume", "--max-steps", "3"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert alone.returncode == 2, alone.stderr
