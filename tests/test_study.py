@@ -286,3 +286,28 @@ def test_study_end_to_end_interrupted_and_resumed(tmp_path):
     # a third call has nothing to do
     again = subprocess.run(argv + ["--no-figure"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "4 runs, 4 already finished, 0 to run" in again.stdout
+
+
+# ----------------------------------------------------------------------------------------------- committed results
+
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY_RESULTS = REPO / "benchmarks" / "results" / "study"
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+
+
+def test_a_study_run_files_are_not_git_ignored():
+    """The run files are what `--report` recomputes every published figure from: they must be committable. (`runs/` in
+    .gitignore once matched OUT/runs/ too, so no run file of a published study ever reached the repository.)"""
+    if _git("rev-parse", "--is-inside-work-tree").stdout.strip() != "true":
+        pytest.skip("not a git checkout")
+    for name in ("default", "stress", "memory-full", "search/lr2e-3"):
+        for leaf in ("config.json", "metrics.jsonl", "summary.json"):
+            path = STUDY_RESULTS / name / "runs" / "grpo" / "seed0" / leaf
+            probe = _git("check-ignore", "-v", str(path.relative_to(REPO)))
+            assert probe.returncode == 1, f"{path.relative_to(REPO)} is git-ignored: {probe.stdout.strip()}"
+    # the scratch trees at the repository's root stay ignored
+    assert _git("check-ignore", "runs/study/default/grpo/seed0/summary.json").returncode == 0
