@@ -302,8 +302,8 @@ def linear_logprobs(
         logit_scale, softcap: a model's head options, applied in its order before the temperature:
             logits = softcap * tanh(logit_scale * (h W^T + b) / softcap) (Gemma 2/3's final_logit_softcapping), or
             logit_scale * (h W^T + b) without a softcap (Cohere; Granite's 1 / logits_scaling). A logit scale alone is
-            folded into the temperature (every backend); a softcap is applied by the torch backend (triton and npu
-            refuse it for now). `sgrpo_kernels.integrations.hf.lm_head` reads both from a Hugging Face model.
+            folded into the temperature (every backend); a softcap is applied by the torch and triton backends (npu
+            refuses it for now). `sgrpo_kernels.integrations.hf.lm_head` reads both from a Hugging Face model.
     """
     shard = process_group is not None
     temperature, ignore_index = check_linear_inputs(

@@ -1,6 +1,7 @@
 """Head options of real models in `linear_logprobs` / `sgrpo_loss`: `logit_scale` (Cohere, Granite) and `softcap`
 (Gemma 2/3's final_logit_softcapping), in the model's order (scale, softcap, temperature), forward and every gradient
-against float64 autograd on the full logits; the backends that do not apply a softcap yet refuse it by name."""
+against float64 autograd on the full logits (torch in float64, triton's fp32 kernels through the interpreter); the npu
+backend, which does not apply a softcap yet, refuses it by name."""
 
 from __future__ import annotations
 
@@ -99,12 +100,54 @@ def test_bad_head_options_are_refused(value):
         sk.linear_logprobs(h, w, t, logit_scale=value)
 
 
-@pytest.mark.parametrize("backend", [b for b, s in available_backends().items() if b == "triton" and s == "available"])
-def test_backends_without_softcap_refuse_it(backend):
+TRITON = [b for b, s in available_backends().items() if b == "triton" and s == "available"]
+
+
+@pytest.mark.parametrize("backend", TRITON)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(("temperature", "scale", "softcap", "budget"), [(1.0, 1.0, 30.0, 0), (0.7, 0.0625, 5.0, 0),
+                                                                         (1.3, 2.5, 3.0, 512), (0.9, 1.0, 0.05, 0)])  # fmt: skip
+def test_triton_softcap_against_float64(backend, bias, temperature, scale, softcap, budget):
+    """fp32 kernels (their own tanh and its slope) against float64 autograd: values, and the gradients of hidden,
+    weight and bias through log p and H; an ignored row, a zero-gradient row; budget 512 B forces several vocab chunks
+    in the backward; softcap 0.05 saturates every logit (the slope's 4e / (1 + e)^2 branch)."""
+    h, w, b, t, g1, g2 = inputs(bias=bias)
+    params = [h, w] + ([b] if bias else [])
+    ref = reference(h, w, b, t, temperature, scale, softcap)
+    ref_grads = torch.autograd.grad((ref[0] * g1).sum() + (ref[1] * g2).sum(), params)
+    p32 = [x.detach().float().requires_grad_() for x in params]
+    out = sk.linear_logprobs(p32[0], p32[1], t, bias=p32[2] if bias else None, temperature=temperature,
+                             logit_scale=scale, softcap=softcap, backend=backend, memory_budget=budget)  # fmt: skip
+    grads = torch.autograd.grad((out[0] * g1.float()).sum() + (out[1] * g2.float()).sum(), p32)
+    torch.testing.assert_close(out[0].double(), ref[0], rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(out[1].double(), ref[1], rtol=1e-5, atol=2e-5)
+    for name, got, want in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        scale_ = want.abs().max()
+        torch.testing.assert_close(got.double() / scale_, want / scale_, rtol=0, atol=3e-5, msg=name)
+    assert out[0][2] == 0 and out[1][2] == 0  # the ignored row
+
+
+@pytest.mark.parametrize("backend", TRITON)
+def test_triton_softcap_tanh_near_zero_and_saturated(backend):
+    """The kernels' tanh on both branches (|y| < 0.1: series; else the exp form) and the far tails: a one-column
+    hidden state sweeps the capped logits over y = -40 .. 40, compared with float64 torch.tanh (forward) and the
+    float64 gradient of the log-probability of column 0."""
+    y = torch.cat([torch.linspace(-40, 40, 41), torch.linspace(-0.2, 0.2, 41)]).double()
+    h = y[:, None].clone().requires_grad_()
+    w = torch.tensor([[1.0], [0.0]], dtype=torch.float64)  # logits (y, 0): log p_0 = log sigmoid(z(y))
+    t = torch.zeros(len(y), dtype=torch.long)
+    ref = reference(h, w, None, t, 1.0, 1.0, 2.0)[0]
+    (rg,) = torch.autograd.grad(ref.sum(), [h])
+    h32 = h.detach().float().requires_grad_()
+    out = sk.linear_logprobs(h32, w.float(), t, softcap=2.0, backend=backend, return_entropy=False)[0]
+    (g,) = torch.autograd.grad(out.sum(), [h32])
+    torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-9)  # saturated: slopes ~1e-34, relative accuracy
+
+
+@pytest.mark.parametrize("backend", TRITON)
+def test_a_logit_scale_alone_is_folded_into_the_temperature(backend):
     h, w, b, t, *_ = inputs(dtype=torch.float32)
-    with pytest.raises(NotImplementedError, match=f"the {backend} backend does not apply a logit softcap"):
-        sk.linear_logprobs(h, w, t, softcap=5.0, backend=backend)
-    # a logit scale alone is folded into the temperature: every backend serves it
     out = sk.linear_logprobs(h, w, t, logit_scale=0.5, temperature=0.7, backend=backend)[0]
     torch.testing.assert_close(out, sk.linear_logprobs(h, w, t, temperature=1.4, backend="torch")[0])
 

@@ -40,17 +40,20 @@ def _specs(arch: int, full: bool):
 
     for dt in dtypes:
         mm = dict(h_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32",
-                  idx_ptr="*i32", count_ptr="*i32", dz_ptr=f"*{dt}", gw_ptr=f"*{dt}", gb_ptr=f"*{dt}")
+                  cap_in="fp32", cap_out="fp32", idx_ptr="*i32", count_ptr="*i32", dz_ptr=f"*{dt}", gw_ptr=f"*{dt}", gb_ptr=f"*{dt}")
         f32 = dt == "fp32"
         tiles = configs.tile_configs(hopper, fp32=f32)
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
             for split in (False, True):
-                add(f"fwd-{dt}-{i}-split{int(split)}", forward._linear_logprobs_fwd_kernel, mm,
-                    dict(HAS_BIAS=True, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split, DOT_PRECISION="ieee"), cfg)
-        tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32)
-        for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
-            add(f"dz-{dt}-{i}", backward._linear_logprobs_bwd_dz_kernel, mm,
-                dict(HAS_BIAS=True, HAS_GE=True, DOT_PRECISION="ieee"), cfg)
+                for cap in (False, True) if i == 0 else (False,):  # the softcap head: first config of each dtype
+                    add(f"fwd-{dt}-{i}-split{int(split)}{'-softcap' * cap}", forward._linear_logprobs_fwd_kernel, mm,
+                        dict(HAS_BIAS=True, SOFTCAP=cap, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split,
+                             DOT_PRECISION="ieee"), cfg)
+        for cap in (False, True):
+            tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32, softcap=cap)
+            for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
+                add(f"dz-{dt}-{i}{'-softcap' * cap}", backward._linear_logprobs_bwd_dz_kernel, mm,
+                    dict(HAS_BIAS=True, SOFTCAP=cap, HAS_GE=True, DOT_PRECISION="ieee"), cfg)
         dh = configs.gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", f32)
         for i, cfg in enumerate(dh if full or dt == "bf16" else dh[:1]):
             add(f"dh-{dt}-{i}", backward._linear_logprobs_bwd_dh_kernel, mm, dict(DOT_PRECISION="ieee"), cfg)

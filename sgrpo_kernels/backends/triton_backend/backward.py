@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import log_prob, logits_tile, mma
+from .tiles import log_prob, logits_tile, mma, softcap_slope
 
 __all__ = ["_compact_rows_kernel", "_linear_logprobs_bwd_dh_kernel", "_linear_logprobs_bwd_dw_kernel",
            "_linear_logprobs_bwd_dz_kernel"]
@@ -28,12 +28,12 @@ def _linear_logprobs_bwd_dz_kernel(
     h_ptr, w_ptr, b_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, idx_ptr, count_ptr, dz_ptr,
     D, v0, vc,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_b, stride_dz, stride_stats,
-    inv_temp,
-    HAS_BIAS: tl.constexpr, HAS_GE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    inv_temp, cap_in, cap_out,  # z = x * inv_temp, or cap_out * tanh(cap_in * x) with SOFTCAP (as the forward)
+    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, HAS_GE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """dZ[i, c] for compacted active row i and chunk column c (vocab v0 + c), dtype of dz_ptr; stats_ptr: the (2, N)
-    row statistics [m; log s] of the forward, row stride stride_stats."""
+    """dZ[i, c] = dL/dx for compacted active row i and chunk column c (vocab v0 + c), x the raw logits, dtype of
+    dz_ptr; stats_ptr: the (2, N) row statistics [m; log s] of the forward, row stride stride_stats."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     n_active = tl.load(count_ptr)
@@ -51,16 +51,29 @@ def _linear_logprobs_bwd_dz_kernel(
         cols = v0 + cl.to(tl.int64)
         z = logits_tile(h_ptr, w_ptr, b_ptr, rows, i_ok, cols, c_ok, D, stride_hn, stride_hd, stride_wv,
                         stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
-        logp_j = log_prob(z, m, log_s)
-        p = tl.exp(logp_j)
-        dz = -gl[:, None] * p
-        if HAS_GE:
-            ge = tl.load(ge_ptr + rows, mask=i_ok, other=0.0)
-            ent = tl.load(ent_ptr + rows, mask=i_ok, other=0.0)
-            dz -= ge[:, None] * p * (logp_j + ent[:, None])
-        hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]  # int32 compare: cheaper than int64 tiles
-        dz += tl.where(hit, gl[:, None], 0.0)
-        dz = dz * inv_temp
+        if SOFTCAP:
+            # dL/dx = dL/dz * slope, the slope folded in as early as possible so that its tile dies with p's
+            z, slope = softcap_slope(z, cap_in, cap_out)
+            hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]
+            dz = tl.where(hit, gl[:, None] * slope, 0.0)
+            logp_j = log_prob(z, m, log_s)
+            p = tl.exp(logp_j) * slope
+            dz -= gl[:, None] * p
+            if HAS_GE:
+                ge = tl.load(ge_ptr + rows, mask=i_ok, other=0.0)
+                ent = tl.load(ent_ptr + rows, mask=i_ok, other=0.0)
+                dz -= ge[:, None] * p * (logp_j + ent[:, None])
+        else:
+            logp_j = log_prob(z, m, log_s)
+            p = tl.exp(logp_j)
+            dz = -gl[:, None] * p
+            if HAS_GE:
+                ge = tl.load(ge_ptr + rows, mask=i_ok, other=0.0)
+                ent = tl.load(ent_ptr + rows, mask=i_ok, other=0.0)
+                dz -= ge[:, None] * p * (logp_j + ent[:, None])
+            hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]  # int32 compare: cheaper than int64 tiles
+            dz += tl.where(hit, gl[:, None], 0.0)
+            dz = dz * inv_temp
         ptrs = dz_ptr + i[:, None] * stride_dz + cl[None, :]
         tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=i_ok[:, None] & c_ok[None, :])
 

@@ -51,8 +51,15 @@ def _cfg(num_warps: int, num_stages: int, **meta) -> triton.Config:
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
 
 
-def tile_configs(hopper: bool, epilogue_heavy: bool = False, fp32: bool = False) -> list:
-    """Forward (and, with epilogue_heavy, the dZ kernel: its 128x256 tile spills registers on sm_90)."""
+def tile_configs(hopper: bool, epilogue_heavy: bool = False, fp32: bool = False, softcap: bool = False) -> list:
+    """Forward (and, with epilogue_heavy, the dZ kernel: its 128x256 tile spills registers on sm_90). The dZ kernel
+    with a softcap carries one more tile (the cap's slope): every bf16/fp16 config below spills there (8-16 bytes on
+    sm_90), so it gets half-height tiles per warp."""
+    if softcap and epilogue_heavy and not fp32:
+        if hopper:
+            return [_cfg(8, 4, BLOCK_M=64, BLOCK_V=128, BLOCK_D=64), _cfg(4, 4, BLOCK_M=64, BLOCK_V=64, BLOCK_D=64),
+                    _cfg(8, 3, BLOCK_M=128, BLOCK_V=64, BLOCK_D=128)]
+        return [_cfg(4, 3, BLOCK_M=64, BLOCK_V=64, BLOCK_D=32), _cfg(8, 3, BLOCK_M=64, BLOCK_V=128, BLOCK_D=32)]
     if fp32:  # "ieee" fp32 dot products run on FMA units with operands in registers: small tiles, no spills
         return [_cfg(4, 2, BLOCK_M=64, BLOCK_V=64, BLOCK_D=32), _cfg(8, 2, BLOCK_M=128, BLOCK_V=64, BLOCK_D=32)]
     if hopper:  # H100/H200: 228 KB shared memory, wgmma; no register spills at these sizes (test_triton_compile)
@@ -96,11 +103,12 @@ def logits_bwd_config() -> dict:
 def _tuned(name: str, hopper: bool, fp32: bool):
     """Autotuned wrappers (CUDA only), built lazily so the interpreter never touches CUDA."""
     if name == "fwd":
-        return triton.autotune(tile_configs(hopper, fp32=fp32), key=["D", "V", "HAS_BIAS", "WITH_ENTROPY", "SPLIT"])(
+        return triton.autotune(tile_configs(hopper, fp32=fp32),
+                               key=["D", "V", "HAS_BIAS", "SOFTCAP", "WITH_ENTROPY", "SPLIT"])(
             _linear_logprobs_fwd_kernel)
-    if name == "dz":
-        return triton.autotune(tile_configs(hopper, epilogue_heavy=True, fp32=fp32),
-                               key=["D", "vc", "HAS_BIAS", "HAS_GE"])(_linear_logprobs_bwd_dz_kernel)
+    if name in ("dz", "dz_softcap"):  # two candidate lists (tile_configs), so two autotuners
+        return triton.autotune(tile_configs(hopper, epilogue_heavy=True, fp32=fp32, softcap=name == "dz_softcap"),
+                               key=["D", "vc", "HAS_BIAS", "SOFTCAP", "HAS_GE"])(_linear_logprobs_bwd_dz_kernel)
     if name == "dh":  # read-modify-write of the fp32 accumulator: restore it between tuning runs
         return triton.autotune(gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", fp32), key=["D", "vc"],
                                restore_value=["gh_ptr"])(_linear_logprobs_bwd_dh_kernel)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import NEG, finalize_store, logits_tile, online_update, target_logit
+from .tiles import NEG, finalize_store, logits_tile, online_update, softcap, target_logit
 
 __all__ = ["_linear_logprobs_fwd_kernel", "_linear_logprobs_merge_kernel"]
 
@@ -19,8 +19,9 @@ def _linear_logprobs_fwd_kernel(
     pm_ptr, ps_ptr, pu_ptr, pzy_ptr,  # (splits, N) partial statistics, written when SPLIT
     N, V, D, v_per_split,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
-    inv_temp, ignore_index,
-    HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, SPLIT: tl.constexpr,
+    inv_temp, cap_in, cap_out, ignore_index,  # z = x * inv_temp, or cap_out * tanh(cap_in * x) with SOFTCAP
+    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr,
+    SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)  # rows on axis 0: up to 2^31 - 1 blocks
@@ -36,6 +37,8 @@ def _linear_logprobs_fwd_kernel(
     if pid_s == 0:  # the target logit is computed once per row, by the first split
         zy = target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tgt, D, stride_hn, stride_hd, stride_wv, stride_wd,
                           stride_b, inv_temp, HAS_BIAS, BLOCK_M, BLOCK_D)
+        if SOFTCAP:
+            zy = softcap(zy, cap_in, cap_out)  # ignored rows: softcap(0) = 0
     else:
         zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for v0 in range(v_start, v_end, BLOCK_V):
@@ -43,6 +46,8 @@ def _linear_logprobs_fwd_kernel(
         col_ok = cols < v_end
         z = logits_tile(h_ptr, w_ptr, b_ptr, rows, row_ok, cols, col_ok, D, stride_hn, stride_hd, stride_wv,
                         stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
+        if SOFTCAP:
+            z = softcap(z, cap_in, cap_out)
         z = tl.where(col_ok[None, :], tl.maximum(z, NEG), NEG)
         m, s, u = online_update(m, s, u, z, WITH_ENTROPY)
     if SPLIT:

@@ -121,7 +121,6 @@ def _num_splits(n: int, vocab: int, ref: torch.Tensor, forced: int | None) -> tu
 def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: Hooks = NO_HOOKS):
     """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), stats | (2, 0)), fp32
     (fp64 for fp64 inputs)."""
-    _refuse_softcap(opts)
     n, d = hidden.shape
     vocab = weight.shape[0]
     in_dtype = hidden.dtype
@@ -146,8 +145,9 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: 
         pm, ps, pu, pzy, n, vocab, d, per,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         bias.stride(0) if bias is not None else 0,
-        1.0 / opts.temperature, opts.ignore_index,
-        HAS_BIAS=bias is not None, WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats, SPLIT=splits > 1,
+        *_head_scales(opts), opts.ignore_index,
+        HAS_BIAS=bias is not None, SOFTCAP=opts.softcap > 0, WITH_ENTROPY=opts.return_entropy,
+        WITH_STATS=opts.need_stats, SPLIT=splits > 1,
         DOT_PRECISION=_dot_precision(hidden.dtype, hidden),
     )
     if splits > 1:
@@ -183,7 +183,6 @@ def _chunk_width(n: int, vocab: int, elem_bytes: int, memory_budget: int, ref: t
 def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options, *,
                         hooks: Hooks = NO_HOOKS):
     """-> grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) | None."""
-    _refuse_softcap(opts)
     n, d = hidden.shape
     vocab = weight.shape[0]
     out_dtype = hidden.dtype
@@ -211,13 +210,13 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
         for v0 in range(0, vocab, vc):
             width = min(vc, vocab - v0)
             launch(
-                "dz", _linear_logprobs_bwd_dz_kernel,
+                "dz_softcap" if opts.softcap > 0 else "dz", _linear_logprobs_bwd_dz_kernel,
                 lambda meta, width=width: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(width, meta["BLOCK_V"])),
                 h, INTERP_TILE,
                 h, w, b_arg, targets, stats, ent, gl, ge, idx, count, dz, d, v0, width,
                 h.stride(0), h.stride(1), w.stride(0), w.stride(1), b_stride, dz.stride(0), stats.stride(0),
-                1.0 / opts.temperature,
-                HAS_BIAS=b is not None, HAS_GE=has_ge, DOT_PRECISION=prec,
+                *_head_scales(opts),
+                HAS_BIAS=b is not None, SOFTCAP=opts.softcap > 0, HAS_GE=has_ge, DOT_PRECISION=prec,
             )
             if opts.need_grad_hidden:
                 launch(
@@ -297,9 +296,9 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
     return out
 
 
-def _refuse_softcap(opts: Options) -> None:
-    if opts.softcap:
-        raise NotImplementedError(
-            f"the triton backend does not apply a logit softcap (softcap={opts.softcap:g}) yet; use backend='torch' "
-            "for this model"
-        )
+def _head_scales(opts: Options) -> tuple[float, float, float]:
+    """(inv_temp, cap_in, cap_out) of the linear kernels: the logits tile is x * inv_temp, then with a softcap
+    z = cap_out * tanh(cap_in * x) (x the raw h W^T + b: inv_temp = 1); the model's order, scale, cap, temperature."""
+    if opts.softcap > 0:
+        return 1.0, opts.logit_scale / opts.softcap, opts.softcap / opts.temperature
+    return opts.logit_scale / opts.temperature, 1.0, 1.0

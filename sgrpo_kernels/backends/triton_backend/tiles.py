@@ -7,7 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "log_prob", "logits_tile", "mma", "online_update", "target_logit"]
+__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "log_prob", "logits_tile", "mma", "online_update", "softcap",
+           "softcap_slope", "target_logit"]
 
 # masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0. Far below any logit a model produces (fp32
 # ends at 3.4e38) but with room for NEG - m to stay finite: logits down to -1e38 keep their value in the statistics.
@@ -48,6 +49,28 @@ def logits_tile(
         b = tl.load(b_ptr + cols * stride_b, mask=col_ok, other=0.0).to(tl.float32)
         acc = acc + b[None, :]
     return acc * inv_temp
+
+
+@triton.jit
+def softcap(x, cap_in, cap_out):
+    """The softcapped head, z = cap_out * tanh(cap_in * x) with cap_in = logit_scale / softcap and cap_out = softcap /
+    temperature (Gemma 2/3; the model's order: scale, cap, temperature), x the raw logits h W^T + b. Triton has no
+    tanh: tanh y = 1 - 2 / (exp(2y) + 1), one exp per element (a second branch for small |y| made the forward spill
+    registers on sm_90), with exact limits +-1 where exp overflows or underflows. Near y = 0 it keeps absolute, not
+    relative, accuracy: |error| <= ~1.2e-7 * cap_out, below the fp32 rounding of the logits' own dot product."""
+    return (1.0 - 2.0 / (tl.exp(2.0 * cap_in * x) + 1.0)) * cap_out
+
+
+@triton.jit
+def softcap_slope(x, cap_in, cap_out):
+    """(z, dz/dx) of `softcap` for the backward: with e = exp(-2|y|), tanh |y| = (1 - e) / (1 + e) and
+    dz/dx = cap_out * cap_in * 4 e / (1 + e)^2, exact (relative) where the cap saturates, unlike 1 - tanh^2."""
+    y = x * cap_in
+    e = tl.exp(-2.0 * tl.abs(y))
+    one_e = 1.0 + e
+    t = (1.0 - e) / one_e
+    z = tl.where(y < 0.0, -t, t) * cap_out
+    return z, (4.0 * e / (one_e * one_e)) * (cap_out * cap_in)
 
 
 @triton.jit
