@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -217,3 +218,50 @@ def test_all_fail_negative_accepts_base_options():
     assert torch.equal(a[:2], torch.full((2,), -0.5, dtype=torch.float64))
     b = rl.group_advantages(r, 2, "ngrpo", k=2)
     torch.testing.assert_close(a[2:], b[2:])
+
+
+def test_s_grpo_afn_preset_hand_computed():
+    """s_grpo_afn: GRPO advantages, except that a group whose rewards are all <= r_min = 0 gets A = -c (c = 1)."""
+    cfg = rl.preset("s_grpo_afn")
+    assert (cfg.advantage_method, cfg.all_fail_c, cfg.positive_only, cfg.beta) == ("all_fail_negative", 1.0, False, 0.0)
+    # everything else is s_grpo's
+    assert dataclasses.replace(cfg, name="s_grpo", advantage_method="grpo", all_fail_c=None) == rl.preset("s_grpo")
+    r = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    std = math.sqrt((3 * 0.25**2 + 0.75**2) / 3)  # group 2: mean 0.75, Bessel std
+    grpo2 = [0.25 / (std + 1e-4), -0.75 / (std + 1e-4), 0.25 / (std + 1e-4), 0.25 / (std + 1e-4)]
+    torch.testing.assert_close(cfg.advantages(r, 4), torch.tensor([-1.0] * 4 + grpo2, dtype=torch.float64))
+    # c from the LossConfig field, also through the trainer's --loss spelling
+    half = rl.preset_with("s_grpo_afn", "all_fail_c=0.25")
+    torch.testing.assert_close(half.advantages(r, 4), torch.tensor([-0.25] * 4 + grpo2, dtype=torch.float64))
+    # the stats see the all-fail group
+    _, stats = cfg.advantages(r, 4, return_stats=True)
+    assert float(stats["all_fail_frac"]) == 0.5
+    # and prepare_groups passes it on
+    ids = torch.arange(16).reshape(8, 2)
+    groups = rl.prepare_groups(half, r, ids, torch.ones(8, 2, dtype=torch.bool), 4)
+    assert groups.advantages[:4].tolist() == [-0.25] * 4
+
+
+@pytest.mark.parametrize(
+    ("changes", "exc", "words"),
+    [
+        ({"all_fail_c": -1.0}, ValueError, ["LossConfig.all_fail_c", "> 0", "-1.0"]),
+        ({"all_fail_c": 0}, ValueError, ["LossConfig.all_fail_c", "> 0", "got 0"]),
+        ({"all_fail_c": math.inf}, ValueError, ["LossConfig.all_fail_c", "finite", "inf"]),
+        ({"all_fail_c": math.nan}, ValueError, ["LossConfig.all_fail_c", "nan"]),
+        ({"all_fail_c": True}, TypeError, ["LossConfig.all_fail_c", "bool"]),
+        ({"all_fail_c": "1"}, TypeError, ["LossConfig.all_fail_c", "str"]),
+        ({"advantage_method": "grpo"}, ValueError, ["all_fail_c=1.0", "all_fail_negative", "'grpo'"]),
+        ({"advantage_options": {"c": 2.0}}, ValueError, ["all_fail_c=1.0", "advantage_options['c']=2.0"]),
+        ({"positive_only": True}, ValueError, ["positive_only", "all_fail_negative", "clamped"]),
+        ({"all_fail_c": None, "advantage_options": {"positive_only": True}}, ValueError, ["positive_only"]),
+    ],
+)
+def test_s_grpo_afn_bad_settings_are_refused_by_name(changes, exc, words):
+    with pytest.raises(exc) as info:
+        dataclasses.replace(rl.preset("s_grpo_afn"), **changes)
+    for w in words:
+        assert w in str(info.value)
+    # without the field, the method's own option still works (one place sets c)
+    cfg = dataclasses.replace(rl.preset("s_grpo_afn"), all_fail_c=None, advantage_options={"c": 2.0})
+    assert cfg.advantages(torch.zeros(2), 2).tolist() == [-2.0, -2.0]

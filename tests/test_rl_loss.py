@@ -13,6 +13,19 @@ import torch
 from sgrpo_kernels import rl
 
 
+def ref_coverage(rewards, g, vocab):
+    """Per-completion coverage thresholds from scalar loops in float64: n_eff = (sum |r - mean|)^2 / sum (r - mean)^2
+    over the group's finite rewards (0 without spread), H = min(ln max(n_eff, 1), ln |V|)."""
+    out = []
+    for start in range(0, len(rewards), g):
+        vals = [float(r) for r in rewards[start : start + g] if math.isfinite(float(r))]
+        mean = sum(vals) / len(vals) if vals else 0.0
+        sq = sum((v - mean) ** 2 for v in vals)
+        n_eff = sum(abs(v - mean) for v in vals) ** 2 / sq if sq > 0 else 0.0
+        out += [min(math.log(max(n_eff, 1.0)), math.log(vocab))] * g
+    return out
+
+
 def ref_loss(
     logp,
     adv,
@@ -50,12 +63,15 @@ def ref_loss(
             rng = float(rewards.max() - rewards.min())
             vbar = (sum(gv) / len(gv)) / rng**2 if rng > 0 else 0.0
             thr = min(math.log(1 + (1 + 4 * vbar) * (1 + math.log(g) / math.log(vocab))), math.log(vocab))
+        elif f == "coverage":
+            thr = None
+            thr_i = [ref_coverage(rewards.tolist(), g, vocab)[i] for i in range(b)]
         elif isinstance(f, str):
             q = float(f.split(":")[1])
             thr = float(np.quantile([hbar[i] for i in range(b) if n[i] > 0], q))
         else:
             thr = f
-        keep = [hbar[i] <= thr for i in range(b)]
+        keep = [hbar[i] <= (thr if thr is not None else thr_i[i]) for i in range(b)]
     if cfg.entropy_advantage_shift is not None:
         a = [a[i] - cfg.entropy_advantage_shift * hbar[i] for i in range(b)]
     if cfg.positive_only:
@@ -176,6 +192,8 @@ def cfg_cases():
         ("top_entropy", dataclasses.replace(base, top_entropy_quantile=0.3)),
         ("quantile_filter", dataclasses.replace(base, entropy_filter="quantile:0.5")),
         ("adaptive_filter", dataclasses.replace(base, entropy_filter="adaptive")),
+        ("coverage_filter", dataclasses.replace(base, entropy_filter="coverage")),
+        ("coverage_s_grpo_afn", dataclasses.replace(rl.preset("s_grpo_afn"), entropy_filter="coverage")),
         ("ceiling", dataclasses.replace(base, entropy_floor=0.1, entropy_ceiling=0.5, entropy_penalty_coef=0.7)),
         ("bonus_token_mean", dataclasses.replace(base, entropy_coef=0.01, loss_agg="token-mean")),
         ("seq_token_sum", dataclasses.replace(base, loss_agg="seq-mean-token-sum", beta=0.1)),
@@ -330,6 +348,86 @@ def test_adaptive_threshold_values():
     assert rl.adaptive_entropy_threshold(torch.tensor([1.0, 0.0]), 2, 2) <= math.log(2) + 1e-12
 
 
+def test_coverage_threshold_hand_computed():
+    """H_thr = min(ln max(n_eff, 1), ln |V|), n_eff = (sum |r - mean|)^2 / sum (r - mean)^2 (binary: 4 G Var[r])."""
+    v = 1000
+
+    def thr(rewards, g, vocab=v):
+        out = rl.coverage_entropy_threshold(torch.tensor(rewards, dtype=torch.float64), g, vocab)
+        assert out.shape == (len(rewards),) and out.dtype == torch.float64
+        return out.tolist()
+
+    # G = 2, one success: n_eff = 1 / 0.5 = 2 -> ln 2 (GTPO's threshold); equal rewards: Var = 0 -> 0
+    assert thr([1.0, 0.0, 1.0, 1.0], 2) == pytest.approx([math.log(2)] * 2 + [0.0] * 2, abs=1e-15)
+    # G = 4, one success: deviations 0.75, -0.25 x 3 -> (1.5)^2 / 0.75 = 3 = 4 * 4 * (3/16) -> ln 3
+    assert thr([0.0, 1.0, 0.0, 0.0], 4) == pytest.approx([math.log(3)] * 4)
+    # G = 8, half: n_eff = 8 -> ln 8; a tiny vocabulary caps it at ln |V| (then nothing is filtered)
+    half = [1.0, 0.0] * 4
+    assert thr(half, 8) == pytest.approx([math.log(8)] * 8)
+    assert thr(half, 8, 5) == pytest.approx([math.log(5)] * 8)
+    assert thr(half, 8, 2) == pytest.approx([math.log(2)] * 8)
+    # G = 1: no spread -> 0; continuous rewards [0, 1, 3]: mean 4/3, |d| = 4/3, 1/3, 5/3 -> (10/3)^2 / (42/9) = 100/42
+    assert thr([0.7, 0.2], 1) == [0.0, 0.0]
+    assert thr([0.0, 1.0, 3.0], 3) == pytest.approx([math.log(100 / 42)] * 3)
+    # scale-free and shift-free (GRPO normalizes by the std), huge rewards do not overflow; NaN / inf rewards left out
+    assert thr([1e300, -1e300, 5e299], 3) == pytest.approx(thr([1.0, -1.0, 0.5], 3))
+    assert thr([1.0, float("nan"), 0.0, float("inf")], 4) == pytest.approx([math.log(2)] * 4)
+    # float32 in, float32 out; the same numbers
+    out32 = rl.coverage_entropy_threshold(torch.tensor([0.0, 1.0, 0.0, 0.0]), 4, v)
+    assert out32.dtype == torch.float32 and out32.tolist() == pytest.approx([math.log(3)] * 4, rel=1e-6)
+
+
+def test_coverage_filter_in_the_loss_per_group():
+    # two groups of G = 2: group 0 mixed (threshold ln 2), group 1 all fail (threshold 0)
+    logp = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    ent = torch.tensor([[0.5, 0.5], [1.0, 1.0], [0.0, 0.0], [0.2, 0.2]], dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    cfg = rl.LossConfig(entropy_filter="coverage")
+    adv = rl.group_advantages(rewards, 2)
+    loss, m = rl.policy_loss(logp, adv, torch.ones(4, 2, dtype=torch.bool), cfg, entropy=ent, rewards=rewards,
+                             group_size=2, vocab_size=100)  # fmt: skip
+    # kept: row 0 (0.5 <= ln 2) and row 2 (0 <= 0); filtered: row 1 (1.0 > ln 2) and row 3 (0.2 > 0)
+    assert m["filtered_frac"] == 0.5
+    assert float(m["entropy_threshold"]) == pytest.approx(math.log(2) / 2)  # mean of ln 2, ln 2, 0, 0
+    assert float(loss) == pytest.approx(-float(adv[0]) / 4)  # seq-mean-token-mean over 4 non-empty completions
+    (g,) = torch.autograd.grad(loss, logp)
+    assert (g[1] == 0).all() and (g[3] == 0).all() and (g[0] != 0).all()
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "words"),
+    [
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 3, 10), ValueError, ["rewards", "group_size = 3"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 0, 10), ValueError, ["group_size", "0"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 2.0, 10), TypeError, ["group_size"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 2, 1), ValueError, ["vocab_size", ">= 2", "1"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 2, True), TypeError, ["vocab_size", "bool"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4), 2, 10.0), TypeError, ["vocab_size", "float"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(2, 2), 2, 10), ValueError, ["rewards", "1-D", "(2, 2)"]),
+        (lambda: rl.coverage_entropy_threshold(torch.zeros(4, dtype=torch.int64), 2, 10), TypeError, ["rewards"]),
+        (lambda: rl.coverage_entropy_threshold([0.0, 1.0], 2, 10), TypeError, ["rewards", "list"]),
+        (
+            lambda: rl.policy_loss(torch.zeros(4, 2), torch.zeros(4), torch.ones(4, 2), rl.LossConfig(
+                entropy_filter="coverage"), entropy=torch.zeros(4, 2), rewards=torch.zeros(2), group_size=2,
+                vocab_size=10),
+            ValueError,
+            ["rewards has shape (2,)", "(4,)"],
+        ),
+        (
+            lambda: rl.policy_loss(torch.zeros(4, 2), torch.zeros(4), torch.ones(4, 2), rl.LossConfig(
+                entropy_filter="coverage"), entropy=torch.zeros(4, 2), rewards=torch.zeros(4), group_size=2),
+            ValueError,
+            ["coverage", "vocab_size"],
+        ),
+    ],
+)
+def test_coverage_bad_inputs(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    for w in words:
+        assert w in str(info.value)
+
+
 def test_presets_and_config():
     for name in rl.PRESETS:
         cfg = rl.preset(name)
@@ -370,7 +468,9 @@ def test_presets_and_config():
         ({"importance_level": "seq"}, ["importance_level", "seq"]),
         ({"loss_agg": "mean"}, ["loss_agg", "mean"]),
         ({"advantage_method": "ppo"}, ["advantage_method", "ppo"]),
-        ({"conflict_strategy": "causal"}, ["conflict_strategy", "causal"]),
+        ({"conflict_strategy": "counterfactual"}, ["conflict_strategy", "counterfactual", "causal"]),
+        ({"conflict_detect": "middle"}, ["conflict_detect", "middle", "anywhere"]),
+        ({"entropy_filter": "function"}, ["entropy_filter", "function", "coverage"]),
         ({"entropy_filter": "ln3"}, ["entropy_filter", "ln3"]),
         ({"entropy_filter": "quantile:2"}, ["entropy_filter", "quantile"]),
         ({"entropy_floor": 1.0, "entropy_ceiling": 0.5}, ["entropy_floor", "entropy_ceiling"]),
@@ -456,15 +556,16 @@ def test_conflict_counts_checked(counts, exc, match):
                        rl.LossConfig(conflict_count_norm=True), conflict_counts=counts)
 
 
-@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo", "gtpo", "gtpo_official", "s_grpo", "lite_ppo"])
+@pytest.mark.parametrize("name", [*rl.PRESETS, "s_grpo+coverage"])
 def test_policy_loss_makes_no_host_sync(name):
     # The metrics are 0-d tensors: the loss never waits for the device (the trainer syncs once per step). On the meta
     # device any device-to-host copy (.item(), .tolist(), bool(t)) raises, so the whole loss running there proves it.
     inputs = make_inputs(3)
     logp, old, ref, ent, mask, rewards, adv, tw, counts = (t.to("meta") for t in inputs)
-    cfg = rl.preset(name)
+    cfg = rl.preset_with("s_grpo", "entropy_filter=coverage") if name == "s_grpo+coverage" else rl.preset(name)
     loss, metrics = rl.policy_loss(logp.requires_grad_(True), adv, mask, cfg, entropy=ent, old_logp=old, ref_logp=ref,
-                                   token_weights=tw, conflict_counts=counts)
+                                   token_weights=tw, conflict_counts=counts, rewards=rewards, group_size=3,
+                                   vocab_size=50)
     assert loss.device.type == "meta" and loss.dim() == 0
     assert all(v.device.type == "meta" and v.dim() == 0 for v in metrics.values())
     loss.backward()

@@ -5,11 +5,12 @@ logits). Pure PyTorch on small [B, T] tensors, any device. Reference: docs/rl.md
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, group_advantages
 from sgrpo_kernels.rl.algorithm import PRESETS, GroupSignals, parse_overrides, prepare_groups, preset, preset_with
 from sgrpo_kernels.rl.config import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig
-from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
+from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_DETECTS, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import (
     LN2,
     adaptive_entropy_threshold,
     completion_entropy,
+    coverage_entropy_threshold,
     entropy_threshold,
     top_entropy_mask,
 )
@@ -19,6 +20,7 @@ from sgrpo_kernels.rl.loss import metrics_to_floats, policy_loss
 __all__ = [
     "ADVANTAGE_METHODS",
     "COMBINE_MODES",
+    "CONFLICT_DETECTS",
     "CONFLICT_STRATEGIES",
     "IMPORTANCE_LEVELS",
     "LN2",
@@ -28,6 +30,7 @@ __all__ = [
     "LossConfig",
     "adaptive_entropy_threshold",
     "completion_entropy",
+    "coverage_entropy_threshold",
     "conflict_weights",
     "entropy_threshold",
     "group_advantages",

@@ -30,7 +30,8 @@ class GroupSignals:
 
     advantages: ``[B]``; token_weights / conflict_counts: ``[B, T]`` / ``[B]`` GTPO conflict weights and counts, None
     without a conflict strategy; stats: the advantage statistics as 0-d tensors (``group_advantages(...,
-    return_stats=True)``); rewards and group_size: kept for the losses that need them (the adaptive entropy filter).
+    return_stats=True)``); rewards and group_size: kept for the losses that need them (the adaptive and coverage
+    entropy filters).
     """
 
     advantages: Tensor
@@ -154,6 +155,24 @@ def _s_grpo() -> LossConfig:
     )
 
 
+def _s_grpo_afn() -> LossConfig:
+    # S-GRPO (as s_grpo) + the negative advantage for all-fail groups of grpo-stability-experiments.md, section 3.2:
+    # groups whose rewards are all <= r_min (0) get A = -c instead of 0, so consistently failing modes are pushed down
+    # (an exploration driver where GRPO has no gradient; NGRPO is the related published method). c = 1: one group
+    # standard deviation, the scale of a GRPO advantage in a mixed group. Mixed groups keep GRPO advantages.
+    return LossConfig(
+        name="s_grpo_afn",
+        advantage_method="all_fail_negative",
+        all_fail_c=1.0,
+        **_SGRPO_CONFLICTS,
+        beta=0.0,
+        entropy_filter="ln2",
+        entropy_floor=0.3,
+        entropy_penalty_coef=0.1,
+        positive_only=False,
+    )
+
+
 def _grpo_ef() -> LossConfig:
     # S-GRPO ablation (seed): reference-free GRPO + entropy floor only.
     return LossConfig(name="grpo_ef", advantage_method="grpo", beta=0.0, entropy_floor=0.3, entropy_penalty_coef=0.1)
@@ -183,6 +202,7 @@ PRESETS: dict[str, Callable[[], LossConfig]] = {
     "gtpo": _gtpo,
     "gtpo_official": _gtpo_official,
     "s_grpo": _s_grpo,
+    "s_grpo_afn": _s_grpo_afn,
     "grpo_ef": _grpo_ef,
     "grpo_tc": _grpo_tc,
     "lite_ppo": _lite_ppo,
@@ -227,7 +247,8 @@ def preset_with(name: str, overrides: str | dict = "") -> LossConfig:
 
 def preset(name: str) -> LossConfig:
     """The :class:`LossConfig` of a named algorithm: one of :data:`PRESETS` (``grpo``, ``dr_grpo``, ``dapo``, ``gspo``,
-    ``gtpo`` (paper), ``gtpo_official`` (official code), ``s_grpo``, ``grpo_ef``, ``grpo_tc``, ``lite_ppo``)."""
+    ``gtpo`` (paper), ``gtpo_official`` (official code), ``s_grpo``, ``s_grpo_afn`` (S-GRPO + negative advantage for
+    all-fail groups), ``grpo_ef``, ``grpo_tc``, ``lite_ppo``)."""
     if not isinstance(name, str):
         raise TypeError(f"preset name must be a string, got {type(name).__name__}")
     if name not in PRESETS:

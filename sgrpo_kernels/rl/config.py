@@ -4,13 +4,14 @@ aggregation), validated on construction. Named presets: :mod:`sgrpo_kernels.rl.a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, check_advantage_options, group_advantages
-from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_STRATEGIES, conflict_weights
+from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_DETECTS, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import parse_entropy_filter
 from sgrpo_kernels.validation import check_choice, check_number
 
@@ -28,8 +29,13 @@ class LossConfig:
 
     Advantages and conflicts (computed per batch of groups by :func:`sgrpo_kernels.rl.prepare_groups`):
         advantage_method / advantage_options: arguments of :func:`~sgrpo_kernels.rl.group_advantages`.
-        conflict_strategy: None (no conflict weighting) or a strategy of :func:`~sgrpo_kernels.rl.conflict_weights`,
-        with ``conflict_w_pos``, ``conflict_w_neg``, ``conflict_combine``.
+        all_fail_c: c > 0 of ``advantage_method="all_fail_negative"``: groups whose rewards all fail get A = -c
+        (grpo-stability-experiments.md 3.2); None = the method's default (1.0) or ``advantage_options["c"]``. Set
+        it for that method only, and not together with ``advantage_options["c"]``.
+        conflict_strategy: None (no conflict weighting) or a strategy of :func:`~sgrpo_kernels.rl.conflict_weights`
+        (gtpo, skip, weight, majority, causal), with ``conflict_w_pos``, ``conflict_w_neg``, ``conflict_combine``.
+        conflict_detect: which tokens are shared: ``"positional"`` (GTPO: same token at the same position, prefix and
+        suffix runs) or ``"anywhere"`` (S-GRPO seed: same token id anywhere in a positive and a negative completion).
         conflict_count_norm: divide each completion's loss by ``max(1, n_conflict_i)`` (the official GTPO code; not
         in the paper).
 
@@ -62,8 +68,9 @@ class LossConfig:
         max(0, Hbar - H_max))`` with Hbar the mean token entropy over active tokens (S-GRPO seed).
         entropy_filter: completions whose mean token entropy :math:`\langle H\rangle_i` exceeds the threshold get zero
         weight: a float, ``"ln2"``, ``"quantile:<q>"`` (q-quantile of the batch's completion entropies) or
-        ``"adaptive"`` (:func:`~sgrpo_kernels.rl.adaptive_entropy_threshold`; needs ``rewards``, ``group_size``,
-        ``vocab_size``).
+        ``"adaptive"`` (:func:`~sgrpo_kernels.rl.adaptive_entropy_threshold`) or ``"coverage"`` (per group,
+        :func:`~sgrpo_kernels.rl.coverage_entropy_threshold`: ln of the group's effective number of informative
+        completions, capped at ln |V|); the last two need ``rewards``, ``group_size``, ``vocab_size``.
         entropy_advantage_shift: gamma of the official GTPO code's :math:`A_i - \gamma \langle H\rangle_i` (detached).
         top_entropy_quantile: rho; only the top-rho fraction of active tokens by entropy is trained (80/20 paper).
     """
@@ -71,7 +78,9 @@ class LossConfig:
     name: str = "custom"
     advantage_method: str = "grpo"
     advantage_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    all_fail_c: float | None = None
     conflict_strategy: str | None = None
+    conflict_detect: str = "positional"
     conflict_w_pos: float = 2.0
     conflict_w_neg: float = 0.0
     conflict_combine: str = "product"
@@ -103,8 +112,10 @@ class LossConfig:
             check_advantage_options(self.advantage_method, dict(self.advantage_options))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"LossConfig.advantage_options: {exc}") from None
+        self._check_all_fail()
         if self.conflict_strategy is not None:
             check_choice("LossConfig.conflict_strategy", self.conflict_strategy, CONFLICT_STRATEGIES)
+        check_choice("LossConfig.conflict_detect", self.conflict_detect, CONFLICT_DETECTS)
         check_number("LossConfig.conflict_w_pos", self.conflict_w_pos)
         check_number("LossConfig.conflict_w_neg", self.conflict_w_neg)
         check_choice("LossConfig.conflict_combine", self.conflict_combine, COMBINE_MODES)
@@ -141,6 +152,35 @@ class LossConfig:
         if self.top_entropy_quantile is not None:
             check_number("LossConfig.top_entropy_quantile", self.top_entropy_quantile, low=0.0, low_open=True, high=1.0)
 
+    def _check_all_fail(self) -> None:
+        """all_fail_c: a number > 0, for all_fail_negative only, set once; and no positive_only, which would clamp
+        the all-fail advantage -c back to 0."""
+        c = self.all_fail_c
+        if c is not None:
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                raise TypeError(f"LossConfig.all_fail_c must be None or a Python number > 0, got {type(c).__name__}")
+            if not math.isfinite(c) or c <= 0:
+                raise ValueError(
+                    f"LossConfig.all_fail_c must be a finite number > 0 (all-fail groups get A = -c), got {c!r}"
+                )
+            if self.advantage_method != "all_fail_negative":
+                raise ValueError(
+                    f"LossConfig.all_fail_c={c!r} applies to advantage_method='all_fail_negative' only, got "
+                    f"advantage_method={self.advantage_method!r}; set all_fail_c=None or change the method"
+                )
+            if "c" in self.advantage_options:
+                raise ValueError(
+                    f"LossConfig.all_fail_c={c!r} and advantage_options['c']={self.advantage_options['c']!r} both set "
+                    "the all-fail constant; set one of them"
+                )
+        if self.advantage_method == "all_fail_negative" and (
+            self.positive_only or self.advantage_options.get("positive_only", False)
+        ):
+            raise ValueError(
+                "LossConfig.positive_only=True with advantage_method='all_fail_negative': the all-fail advantage -c "
+                "would be clamped to 0; use one or the other"
+            )
+
     @property
     def needs_entropy(self) -> bool:
         """Whether :func:`policy_loss` needs the ``entropy`` argument for this config."""
@@ -161,9 +201,10 @@ class LossConfig:
         self, rewards: Tensor, group_size: int, *, return_stats: bool = False
     ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """:func:`~sgrpo_kernels.rl.group_advantages` with this config's method and options."""
-        return group_advantages(
-            rewards, group_size, self.advantage_method, return_stats=return_stats, **dict(self.advantage_options)
-        )
+        options = dict(self.advantage_options)
+        if self.all_fail_c is not None:
+            options["c"] = float(self.all_fail_c)
+        return group_advantages(rewards, group_size, self.advantage_method, return_stats=return_stats, **options)
 
     def conflict_weights(
         self, completion_ids: Tensor, completion_mask: Tensor, advantages: Tensor, group_size: int
@@ -180,4 +221,5 @@ class LossConfig:
             w_pos=self.conflict_w_pos,
             w_neg=self.conflict_w_neg,
             combine=self.conflict_combine,
+            detect=self.conflict_detect,
         )

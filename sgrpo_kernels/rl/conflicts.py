@@ -1,7 +1,15 @@
-"""GTPO token-conflict weights: tokens shared at the same position by completions of opposite advantage sign.
+"""Token-conflict weights: tokens that completions of opposite advantage sign in the same group share.
 
-Source: GTPO, Simoni et al., arXiv 2508.03772 (paper section "conflict-aware gradient correction") and its official
-code (github.com/winstonsmith1897/GTPO): prefix runs, right-aligned suffix runs, lambda = 2 / 0, prefix * suffix.
+Detection (``detect``):
+
+- ``"positional"`` (GTPO, Simoni et al., arXiv 2508.03772, paper section "conflict-aware gradient correction", and its
+  official code github.com/winstonsmith1897/GTPO): the same token at the same position, on prefix runs and
+  right-aligned suffix runs only.
+- ``"anywhere"`` (the S-GRPO seed's pseudo-code, s-grpo-reference-free.md, "Proposed Algorithm": "Shared = tokens
+  appearing in both r=1 and r=0 completions"): the same token id anywhere in the two completions.
+
+Strategies: GTPO's lambda = 2 / 0 (``"gtpo"``) and the seed's resolution table (section 2, "Token Conflict
+Detection"): skip, weight by P(success | token), causal (counterfactual credit), aggregate (majority vote).
 """
 
 from __future__ import annotations
@@ -21,56 +29,103 @@ from sgrpo_kernels.validation import (
     check_tensor,
 )
 
-__all__ = ["COMBINE_MODES", "CONFLICT_STRATEGIES", "conflict_weights"]
+__all__ = ["COMBINE_MODES", "CONFLICT_DETECTS", "CONFLICT_STRATEGIES", "conflict_weights"]
 
-CONFLICT_STRATEGIES = ("gtpo", "skip", "weight", "majority")
+CONFLICT_STRATEGIES = ("gtpo", "skip", "weight", "majority", "causal")
+CONFLICT_DETECTS = ("positional", "anywhere")
 COMBINE_MODES = ("product", "max")
 
 
-def _side_counts(ids: Tensor, valid: Tensor, pos: Tensor, neg: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """For every (i, t): how many positive / negative completions of i's group hold ids[i, t] at position t.
+def _inverse(columns: list[Tensor], spans: list[int]) -> Tensor:
+    """Flat int64 ids of equal tuples (column k holds values in [0, spans[k])): the inverse of a unique over them.
 
-    Vectorized with one ``torch.unique`` over (group, position, token) keys; invalid entries contribute nothing.
-    ids, valid: [B, T]; pos, neg: [B] bool. Returns two int64 [B, T].
+    One packed key when the spans' product fits in int64, else a lexicographic unique over rows (huge id ranges)."""
+    total = 1
+    for s in spans:
+        total *= max(1, s)
+    if total < 2**62:
+        key = columns[0].reshape(-1)
+        for col, s in zip(columns[1:], spans[1:]):
+            key = key * s + col.reshape(-1)
+        _, inv = torch.unique(key, return_inverse=True)
+    else:
+        _, inv = torch.unique(torch.stack([c.reshape(-1) for c in columns], dim=1), dim=0, return_inverse=True)
+    return inv
+
+
+def _holder_stats(
+    ids: Tensor, valid: Tensor, adv: Tensor, pos: Tensor, neg: Tensor, group_size: int, positional: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """For every (i, t): how many positive / negative completions of i's group *hold* ids[i, t], and the sum of their
+    advantages. Positional: hold it at position t; anywhere: hold it at any valid position (once per completion).
+
+    Vectorized with ``torch.unique`` over (group, [position,] token) keys, then over (completion, key) pairs so that a
+    completion counts once per key; invalid entries contribute nothing. ids, valid: [B, T]; adv, pos, neg: [B].
+    Returns int64 [B, T], int64 [B, T], float [B, T] (adv's dtype).
     """
     b, t = ids.shape
-    grp = (torch.arange(b, device=ids.device) // group_size).unsqueeze(1).expand(b, t)
-    col = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
+    row = torch.arange(b, device=ids.device).unsqueeze(1).expand(b, t)
+    grp = row // group_size
     ids64 = ids.to(torch.int64)
-    lo = int(ids64.min()) if ids64.numel() else 0
-    span = (int(ids64.max()) - lo + 1) if ids64.numel() else 1
+    lo = int(ids64.min())
+    span = int(ids64.max()) - lo + 1
     n_groups = b // group_size
-    if n_groups * t * span < 2**62:
-        keys = ((grp * t + col) * span + (ids64 - lo)).reshape(-1)
-        _, inv = torch.unique(keys, return_inverse=True)
-    else:  # huge id range: lexicographic unique over rows instead of one packed key
-        rows = torch.stack([grp.reshape(-1), col.reshape(-1), ids64.reshape(-1)], dim=1)
-        _, inv = torch.unique(rows, dim=0, return_inverse=True)
-    n_keys = int(inv.max()) + 1 if inv.numel() else 0
-    pos_c = (valid & pos.unsqueeze(1)).reshape(-1).to(torch.int64)
-    neg_c = (valid & neg.unsqueeze(1)).reshape(-1).to(torch.int64)
-    n_pos = torch.zeros(n_keys, dtype=torch.int64, device=ids.device).index_add_(0, inv, pos_c)
-    n_neg = torch.zeros(n_keys, dtype=torch.int64, device=ids.device).index_add_(0, inv, neg_c)
-    return n_pos[inv].reshape(b, t), n_neg[inv].reshape(b, t)
+    if positional:
+        col = torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t)
+        inv = _inverse([grp, col, ids64 - lo], [n_groups, t, span])
+    else:
+        inv = _inverse([grp, ids64 - lo], [n_groups, span])
+    n_keys = int(inv.max()) + 1
+    flat_valid = valid.reshape(-1)
+    holder, key = row.reshape(-1)[flat_valid], inv[flat_valid]
+    if not positional:  # a completion that repeats a token id holds it once: one (completion, key) pair each
+        pairs = torch.unique(holder * n_keys + key)
+        holder, key = pairs // n_keys, pairs % n_keys
+    signed_adv = torch.where(pos | neg, adv, torch.zeros_like(adv))
+    n_pos = torch.zeros(n_keys, dtype=torch.int64, device=ids.device).index_add_(0, key, pos[holder].to(torch.int64))
+    n_neg = torch.zeros(n_keys, dtype=torch.int64, device=ids.device).index_add_(0, key, neg[holder].to(torch.int64))
+    s_adv = torch.zeros(n_keys, dtype=adv.dtype, device=ids.device).index_add_(0, key, signed_adv[holder])
+    return n_pos[inv].reshape(b, t), n_neg[inv].reshape(b, t), s_adv[inv].reshape(b, t)
 
 
-def _run_and_factor(
+def _group_signed_stats(adv: Tensor, pos: Tensor, neg: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per completion [B, 1]: the sum, count and range (max - min) of the signed (A != 0) advantages of its group."""
+    signed = (pos | neg).reshape(-1, group_size)
+    a = torch.where(signed, adv.reshape(-1, group_size), torch.zeros_like(adv.reshape(-1, group_size)))
+    total = a.sum(dim=1)
+    count = signed.sum(dim=1)
+    big = torch.finfo(adv.dtype).max
+    span = torch.where(signed, a, -big).amax(dim=1) - torch.where(signed, a, big).amin(dim=1)
+    span = torch.where(count > 0, span, torch.zeros_like(span))
+
+    def per_row(v: Tensor) -> Tensor:
+        return v.repeat_interleave(group_size).unsqueeze(1)
+
+    return per_row(total), per_row(count), per_row(span)
+
+
+def _conflicts_and_factor(
     ids: Tensor,
     valid: Tensor,
+    adv: Tensor,
     pos: Tensor,
     neg: Tensor,
     group_size: int,
     strategy: str,
+    positional: bool,
+    group_stats: tuple[Tensor, Tensor, Tensor],
     w_pos: float,
     w_neg: float,
-    dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
-    """Leading conflict run (bool [B, T]) and the factor a conflict token gets (float [B, T]), left-aligned input."""
-    n_pos, n_neg = _side_counts(ids, valid, pos, neg, group_size)
+    """Conflict tokens (bool [B, T]; positional: only the leading run from t = 0) and the factor a conflict token gets
+    (float [B, T], adv's dtype), for left-aligned input."""
+    n_pos, n_neg, s_adv = _holder_stats(ids, valid, adv, pos, neg, group_size, positional)
     signed = (pos | neg).unsqueeze(1)
-    raw = valid & signed & (n_pos > 0) & (n_neg > 0)
-    run = torch.cumprod(raw.to(torch.int32), dim=1).to(torch.bool)  # only the leading run from t = 0 counts
+    conflict = valid & signed & (n_pos > 0) & (n_neg > 0)
+    if positional:
+        conflict = torch.cumprod(conflict.to(torch.int32), dim=1).to(torch.bool)  # only the leading run counts
     is_pos = pos.unsqueeze(1)
+    dtype = adv.dtype
     if strategy == "gtpo":
         factor = torch.where(is_pos, w_pos, w_neg).to(dtype).expand(ids.shape)
     elif strategy == "skip":
@@ -79,9 +134,18 @@ def _run_and_factor(
         total = (n_pos + n_neg).clamp(min=1).to(dtype)
         p_success = n_pos.to(dtype) / total
         factor = torch.where(is_pos, p_success, 1.0 - p_success)
-    else:  # majority: the side with more completions holding the token keeps 1; a tie keeps 1 on both sides
+    elif strategy == "majority":  # the side with more holders keeps 1; a tie keeps 1 on both sides
         factor = torch.where(is_pos, n_pos >= n_neg, n_neg >= n_pos).to(dtype)
-    return run, factor
+    else:  # causal: the standardized difference in mean advantage between holders and non-holders of the token
+        s_g, n_g, span_g = group_stats
+        n_with = n_pos + n_neg
+        n_without = n_g - n_with
+        mean_with = s_adv / n_with.clamp(min=1).to(dtype)
+        mean_without = (s_g - s_adv) / n_without.clamp(min=1).to(dtype)
+        known = (n_with > 0) & (n_without > 0) & (span_g > 0)  # no completion without the token: no counterfactual
+        delta = torch.where(known, (mean_with - mean_without) / torch.where(span_g > 0, span_g, 1.0), 0.0)
+        factor = torch.where(is_pos, delta.clamp(min=0.0), (-delta).clamp(min=0.0))
+    return conflict, factor
 
 
 def conflict_weights(
@@ -94,36 +158,60 @@ def conflict_weights(
     w_pos: float = 2.0,
     w_neg: float = 0.0,
     combine: str = "product",
+    detect: str = "positional",
 ) -> tuple[Tensor, Tensor]:
     r"""Per-token conflict weights :math:`\lambda_{i,t}` for groups of G right-padded completions.
 
-    A token ``(t, y)`` of completion i with :math:`A_i > 0` is a *conflict* if some completion j of the same group with
-    :math:`A_j < 0` holds the same token y at the same position t (and symmetrically for :math:`A_i < 0`). Only the
-    leading run of conflicts from the first token counts (*prefix*), and the same test on the sequences right-aligned
-    at their last valid token (*suffix*). Masked tokens never conflict and end a run.
+    A token y of completion i with :math:`A_i > 0` is a *conflict* if some completion j of the same group with
+    :math:`A_j < 0` *holds* it too (and symmetrically for :math:`A_i < 0`). Masked tokens never conflict; completions
+    with :math:`A = 0` (NaN counts as 0) neither have nor cause conflicts. What "holds" means (``detect``):
 
-    Strategies (the factor a token in a run gets; every other token and every :math:`A = 0` completion gets 1):
+    - ``"positional"`` (GTPO): j holds y at the same position t. Only the leading run of conflicts from the first
+      token counts (*prefix*), and the same test on the sequences right-aligned at their last valid token (*suffix*);
+      a masked token ends a run.
+    - ``"anywhere"`` (S-GRPO seed: "tokens appearing in both r=1 and r=0 completions"): j holds y at any valid
+      position, independent of t. Every valid occurrence of y in a signed completion of the group is a conflict
+      (no runs). A completion counts once per token id however often it repeats it.
+
+    Strategies (the factor a conflict token gets; every other token and every :math:`A = 0` completion gets 1), with
+    :math:`n^+_y, n^-_y` the positive / negative completions of the group that hold y:
 
     - ``"gtpo"``: ``w_pos`` on the positive side, ``w_neg`` on the negative side (GTPO: 2 and 0).
     - ``"skip"``: 0 on both sides.
-    - ``"weight"``: the empirical success rate of the token at that position in the group,
-      :math:`p = n^+_{t,y} / (n^+_{t,y} + n^-_{t,y})`, on the positive side and :math:`1 - p` on the negative side.
-    - ``"majority"``: the side with more completions holding the token keeps 1, the other gets 0 (a tie keeps 1).
+    - ``"weight"``: the empirical success rate :math:`p = n^+_y / (n^+_y + n^-_y)` on the positive side and
+      :math:`1 - p` on the negative side.
+    - ``"majority"``: the side with more holders keeps 1, the other gets 0 (a tie keeps 1).
+    - ``"causal"``: counterfactual credit, the difference in mean advantage between the group's signed completions
+      that hold y (:math:`S_y`) and those that do not (:math:`\bar S_y`), standardized by the group's advantage range:
 
-    ``combine`` merges the prefix factor :math:`f^{pre}` and suffix factor :math:`f^{suf}` of a token:
-    ``"product"`` :math:`f^{pre} f^{suf}` (the official GTPO code; a positive token in both runs gets 4) or ``"max"``
-    (the factor is applied once: of the two, the one farther from 1, i.e. the max for ``w_pos >= 1``).
+      .. math::
+          \delta_y = \frac{\mathrm{mean}_{j \in S_y} A_j - \mathrm{mean}_{j \in \bar S_y} A_j}
+                          {\max_j A_j - \min_j A_j} \in [-1, 1],\qquad
+          \lambda = \max(0, \delta_y)\ (A_i > 0),\quad \lambda = \max(0, -\delta_y)\ (A_i < 0)
+
+      over signed completions (:math:`A_j \ne 0`) only; :math:`\delta_y = 0` when no signed completion lacks y.
+      Within a group the advantage is an affine function of the reward (every method of ``group_advantages``), so
+      :math:`\delta_y` equals the same contrast of rewards over the reward range: with binary rewards, the risk
+      difference :math:`P(r=1 \mid y) - P(r=1 \mid \neg y)`. A token that does not change the outcome gets 0 on
+      both sides; one associated with success keeps :math:`\delta_y` of its update in successes and none in
+      failures, and conversely. ``w_pos`` / ``w_neg`` are used by ``"gtpo"`` only.
+
+    ``combine`` merges the prefix factor :math:`f^{pre}` and suffix factor :math:`f^{suf}` of a token (positional
+    detection): ``"product"`` :math:`f^{pre} f^{suf}` (the official GTPO code; a positive token in both runs gets 4) or
+    ``"max"`` (the factor is applied once: of the two, the one farther from 1, i.e. the max for ``w_pos >= 1``). With
+    ``"anywhere"`` a token has one factor and ``combine`` changes nothing.
 
     Args:
         completion_ids: ``[B, T]`` integer token ids, right-padded.
         completion_mask: ``[B, T]`` bool or float (non-zero = valid token).
-        advantages: ``[B]`` float; only the sign is used (NaN counts as 0).
+        advantages: ``[B]`` float; the sign selects the side (NaN counts as 0); ``"causal"`` also uses the values.
         group_size: G; B must be a multiple of G; groups contiguous.
+        strategy, w_pos, w_neg, combine, detect: as above.
 
     Returns:
         ``(weights[B, T], conflict_counts[B])``: float weights (1 at padding; the loss applies the mask) and the number
-        of tokens of each completion in its prefix or suffix run (0 for :math:`A = 0`), used by the official code's
-        per-completion division (``LossConfig.conflict_count_norm``).
+        of conflict tokens of each completion (positional: in its prefix or suffix run; 0 for :math:`A = 0`), used by
+        the official code's per-completion division (``LossConfig.conflict_count_norm``).
     """
     ids = check_tensor("completion_ids", completion_ids)
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
@@ -137,18 +225,30 @@ def conflict_weights(
     g = check_group_size(group_size, b, "completion_ids")
     check_choice("strategy", strategy, CONFLICT_STRATEGIES)
     check_choice("combine", combine, COMBINE_MODES)
+    check_choice("detect", detect, CONFLICT_DETECTS)
     w_pos = check_number("w_pos", w_pos)
     w_neg = check_number("w_neg", w_neg)
 
     dtype = stats_dtype(adv.dtype)
-    adv = adv.detach()
+    adv = adv.detach().to(dtype)
     pos, neg = adv > 0, adv < 0
     valid = mask != 0 if mask.dtype != torch.bool else mask
     if b == 0 or t == 0:
         return torch.ones(b, t, dtype=dtype, device=ids.device), torch.zeros(b, dtype=torch.int64, device=ids.device)
+    group_stats = _group_signed_stats(adv, pos, neg, g)
+    one = torch.ones((), dtype=dtype, device=ids.device)
+
+    def detect_on(rows: Tensor, rows_valid: Tensor, positional: bool) -> tuple[Tensor, Tensor]:
+        return _conflicts_and_factor(
+            rows, rows_valid, adv, pos, neg, g, strategy, positional, group_stats, w_pos, w_neg
+        )
+
+    if detect == "anywhere":
+        conflict, factor = detect_on(ids, valid, False)
+        return torch.where(conflict, factor, one), conflict.sum(dim=1)
 
     # prefix: left-aligned as given
-    run_pre, f_pre = _run_and_factor(ids, valid, pos, neg, g, strategy, w_pos, w_neg, dtype)
+    run_pre, f_pre = detect_on(ids, valid, True)
 
     # suffix: right-align each row at its last valid token; s = L_i - 1 - t is an involution on [0, L_i)
     col = torch.arange(t, device=ids.device).unsqueeze(0)
@@ -158,11 +258,10 @@ def conflict_weights(
     src_c = src.clamp(min=0)
     rids = ids.gather(1, src_c)
     rvalid = valid.gather(1, src_c) & inb
-    rrun, rfac = _run_and_factor(rids, rvalid, pos, neg, g, strategy, w_pos, w_neg, dtype)
+    rrun, rfac = detect_on(rids, rvalid, True)
     run_suf = rrun.gather(1, src_c) & inb
     f_suf = rfac.gather(1, src_c)
 
-    one = torch.ones((), dtype=dtype, device=ids.device)
     fp = torch.where(run_pre, f_pre, one)
     fs = torch.where(run_suf, f_suf, one)
     if combine == "product":

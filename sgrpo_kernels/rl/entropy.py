@@ -1,4 +1,5 @@
-"""Entropy control: completion mean entropy, the entropy filter (fixed, ln 2, quantile, adaptive), top-entropy tokens.
+"""Entropy control: completion mean entropy, the entropy filter (fixed, ln 2, quantile, adaptive, coverage), top-entropy
+tokens.
 
 Everything here works on *detached* entropies (selection decisions carry no gradient); the differentiable entropy
 bonus / floor / ceiling terms live in :func:`sgrpo_kernels.rl.policy_loss`.
@@ -11,12 +12,14 @@ import math
 import torch
 from torch import Tensor
 
+from sgrpo_kernels.backends.contract import stats_dtype
 from sgrpo_kernels.validation import check_float_tensor, check_group_size, check_number
 
 __all__ = [
     "LN2",
     "adaptive_entropy_threshold",
     "completion_entropy",
+    "coverage_entropy_threshold",
     "entropy_threshold",
     "parse_entropy_filter",
     "top_entropy_mask",
@@ -36,17 +39,21 @@ def completion_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
     return torch.where(n > 0, (h * m).sum(dim=1) / torch.where(n > 0, n, torch.ones_like(n)), torch.zeros_like(n))
 
 
+_FILTER_FORMS = "None, a float >= 0, 'ln2', 'quantile:<q>', 'adaptive' or 'coverage'"
+
+
 def parse_entropy_filter(spec: object) -> tuple[str, float]:
-    """Validate an ``entropy_filter`` value; returns ``(kind, value)`` with kind in fixed / quantile / adaptive."""
+    """Validate an ``entropy_filter`` value; returns ``(kind, value)`` with kind in fixed / quantile / adaptive /
+    coverage."""
     if isinstance(spec, bool):
-        raise TypeError("entropy_filter must be None, a float, 'ln2', 'quantile:<q>' or 'adaptive', got a bool")
+        raise TypeError(f"entropy_filter must be {_FILTER_FORMS}, got a bool")
     if isinstance(spec, (int, float)):
         return "fixed", check_number("entropy_filter", spec, low=0.0)
     if isinstance(spec, str):
         if spec == "ln2":
             return "fixed", LN2
-        if spec == "adaptive":
-            return "adaptive", math.nan
+        if spec in ("adaptive", "coverage"):
+            return spec, math.nan
         if spec.startswith("quantile:"):
             try:
                 q = float(spec.split(":", 1)[1])
@@ -57,7 +64,15 @@ def parse_entropy_filter(spec: object) -> tuple[str, float]:
                     f"entropy_filter {spec!r}: the quantile must be a number in (0, 1], e.g. 'quantile:0.9'"
                 )
             return "quantile", q
-    raise ValueError(f"entropy_filter must be None, a float >= 0, 'ln2', 'quantile:<q>' or 'adaptive', got {spec!r}")
+    raise ValueError(f"entropy_filter must be {_FILTER_FORMS}, got {spec!r}")
+
+
+def _check_vocab_size(vocab_size: object) -> int:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be a Python int >= 2, got {type(vocab_size).__name__} {vocab_size!r}")
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be an int >= 2 (ln |V| is the maximum entropy), got {vocab_size!r}")
+    return vocab_size
 
 
 def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int) -> float:
@@ -83,8 +98,7 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     g = check_group_size(group_size, rewards.shape[0], "rewards")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-        raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+    _check_vocab_size(vocab_size)
     r = rewards.detach().to(torch.float64).reshape(-1, g)
     valid = ~torch.isnan(r)
     r0 = torch.where(valid, r, torch.zeros_like(r))
@@ -102,6 +116,56 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
     return min(math.log(k_eff), ln_v)
 
 
+def coverage_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int) -> Tensor:
+    r"""Per-group completion-entropy threshold :math:`H_{thr} = f(\mathrm{Var}[r], G, |V|)`, derived from a coverage
+    argument (docs/rl.md, "The coverage entropy threshold"; seed s-grpo-reference-free.md, section 1).
+
+    .. math::
+        n_{eff,g} = \frac{\bigl(\sum_{i \in g} |r_i - \bar r_g|\bigr)^2}{\sum_{i \in g} (r_i - \bar r_g)^2}
+        \quad(0 \text{ when every reward equals } \bar r_g),\qquad
+        H_{thr,g} = \min\bigl(\ln \max(n_{eff,g}, 1),\ \ln |V|\bigr)
+
+    :math:`n_{eff,g}` is Kish's effective sample size of the group's advantage magnitudes (GRPO's :math:`|A_i|
+    \propto |r_i - \bar r_g|`): the number of completions that effectively carry the group's gradient. For binary
+    rewards it is :math:`4 G\,\mathrm{Var}_g[r]` (population variance), so the threshold is
+    :math:`\min(\ln(4 G\,\mathrm{Var}[r]), \ln|V|)`. Reading: :math:`e^{\langle H\rangle_i}` is the effective
+    number of tokens the policy hesitates between at each step; a group can attribute its reward differences among
+    at most :math:`n_{eff}` alternatives, so a completion is trusted when :math:`e^{\langle H\rangle_i} \le n_{eff}`.
+    A group of two with one success gives :math:`n_{eff} = 2`, i.e. GTPO's ln 2. The threshold grows with the
+    reward variance and the group size and never exceeds the maximum entropy :math:`\ln|V|` (at the cap nothing is
+    filtered). With :math:`n_{eff} \le 1` (G = 1, equal rewards) it is 0: only fully decided completions are kept;
+    such groups have zero relative advantage anyway.
+
+    Non-finite rewards are left out (as in ``group_advantages``). Sync-free: no value leaves the device.
+
+    Args:
+        rewards: ``[B]`` float rewards; group_size: G (B a multiple of G); vocab_size: |V| >= 2.
+
+    Returns:
+        ``[B]`` thresholds, each completion's group's, in float32 (float64 for float64 rewards).
+    """
+    rewards = check_float_tensor("rewards", rewards)
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    g = check_group_size(group_size, rewards.shape[0], "rewards")
+    ln_v = math.log(_check_vocab_size(vocab_size))
+    dt = stats_dtype(rewards.dtype)
+    r = rewards.detach().to(dt).reshape(-1, g)
+    valid = torch.isfinite(r)
+    r = torch.where(valid, r, torch.zeros_like(r))
+    # scale each group by its largest |r| first: the ratio is scale-free, and huge rewards cannot overflow the squares
+    top = r.abs().amax(dim=1, keepdim=True)
+    r = r / torch.where(top > 0, top, torch.ones_like(top))
+    n = valid.sum(dim=1, keepdim=True).to(dt)
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    d = torch.where(valid, r - mean, torch.zeros_like(r))
+    d = d / d.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(dt).tiny)  # |d| <= 1: the squares stay normal
+    sq = (d * d).sum(dim=1)
+    n_eff = torch.where(sq > 0, d.abs().sum(dim=1) ** 2 / torch.where(sq > 0, sq, torch.ones_like(sq)), 0.0)
+    thr = torch.log(n_eff.clamp(min=1.0)).clamp(max=ln_v)
+    return thr.repeat_interleave(g)
+
+
 def entropy_threshold(
     spec: float | str,
     mean_entropy: Tensor,
@@ -111,8 +175,9 @@ def entropy_threshold(
     group_size: int | None = None,
     vocab_size: int | None = None,
 ) -> Tensor:
-    """The completion-entropy threshold for ``spec`` as a 0-d tensor (fixed value, quantile of the batch's finite
-    completion mean entropies over non-empty completions, or :func:`adaptive_entropy_threshold`)."""
+    """The completion-entropy threshold for ``spec``: a 0-d tensor (fixed value, quantile of the batch's finite
+    completion mean entropies over non-empty completions, or :func:`adaptive_entropy_threshold`) or, for
+    ``"coverage"``, a ``[B]`` tensor (each completion's group's :func:`coverage_entropy_threshold`)."""
     kind, value = parse_entropy_filter(spec)
     dev, dt = mean_entropy.device, mean_entropy.dtype
     if kind == "fixed":
@@ -126,8 +191,16 @@ def entropy_threshold(
     named = (("rewards", rewards), ("group_size", group_size), ("vocab_size", vocab_size))
     missing = [k for k, v in named if v is None]
     if missing:
-        raise ValueError(f"entropy_filter='adaptive' needs the keyword argument(s) {missing} (reward variance, G, |V|)")
-    return torch.tensor(adaptive_entropy_threshold(rewards, group_size, vocab_size), dtype=dt, device=dev)
+        raise ValueError(f"entropy_filter={kind!r} needs the keyword argument(s) {missing} (reward variance, G, |V|)")
+    if kind == "adaptive":
+        return torch.tensor(adaptive_entropy_threshold(rewards, group_size, vocab_size), dtype=dt, device=dev)
+    rewards = check_float_tensor("rewards", rewards)
+    if tuple(rewards.shape) != tuple(mean_entropy.shape):
+        raise ValueError(f"rewards has shape {tuple(rewards.shape)}, expected {tuple(mean_entropy.shape)} ([B], one "
+                         "reward per completion of the loss batch)")
+    if rewards.device != dev:
+        raise ValueError(f"rewards is on {rewards.device}, expected {dev} (the device of the loss inputs)")
+    return coverage_entropy_threshold(rewards, group_size, vocab_size).to(dt)
 
 
 def top_entropy_mask(entropy: Tensor, active: Tensor, rho: float) -> Tensor:

@@ -68,7 +68,8 @@ def _safe(den: Tensor) -> Tensor:
 
 
 def _shape_advantages(config: LossConfig, x: _Batch, adv: Tensor, rewards, group_size, vocab_size):
-    """-> (advantages [B], keep [B] bool: completions the entropy filter keeps, threshold 0-d (NaN without filter))."""
+    """-> (advantages [B], keep [B] bool: completions the entropy filter keeps, threshold 0-d (NaN without filter;
+    a per-group threshold is reported as its mean over non-empty completions))."""
     keep = torch.ones(adv.shape[0], dtype=torch.bool, device=adv.device)
     thr = torch.tensor(math.nan, dtype=adv.dtype, device=adv.device)
     h_seq = completion_entropy(x.h, x.m) if x.h is not None else None
@@ -77,6 +78,10 @@ def _shape_advantages(config: LossConfig, x: _Batch, adv: Tensor, rewards, group
             config.entropy_filter, h_seq, x.seq_valid, rewards=rewards, group_size=group_size, vocab_size=vocab_size
         ).to(adv.dtype)
         keep = h_seq <= thr
+        if thr.dim() == 1:  # per completion ("coverage")
+            n_seq = x.seq_valid.sum().to(adv.dtype)
+            mean_thr = torch.where(x.seq_valid, thr, 0.0).sum() / n_seq.clamp(min=1)
+            thr = torch.where(n_seq > 0, mean_thr, torch.full_like(mean_thr, math.nan))
     if config.entropy_advantage_shift is not None:
         adv = adv - config.entropy_advantage_shift * h_seq
     if config.positive_only:  # last, so no later shift brings a negative advantage back
@@ -249,7 +254,7 @@ def policy_loss(
         token_weights: ``[B, T]`` float multiplicative weights (conflict weights), detached inside.
         conflict_counts: ``[B]`` counts from :func:`conflict_weights`, used when ``config.conflict_count_norm``
             (default: the number of valid tokens whose weight is not 1).
-        rewards, group_size, vocab_size: only for ``entropy_filter="adaptive"``.
+        rewards, group_size, vocab_size: only for ``entropy_filter="adaptive"`` or ``"coverage"`` (rewards ``[B]``).
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor and a dict of 0-d tensors (no device-to-host sync;
@@ -257,8 +262,8 @@ def policy_loss(
         ``clip_frac_low`` / ``clip_frac_high`` / ``dual_clip_frac`` (fractions of active tokens),
         ``ratio_mean/min/max`` (valid tokens), ``entropy_mean`` (valid tokens, NaN without entropy), ``kl`` (mean k3
         over valid tokens, 0 without ref_logp), ``zero_weight_frac`` (valid tokens with zero weight), ``filtered_frac``
-        (non-empty completions filtered), ``entropy_threshold`` (NaN without a filter), ``adv_mean``, ``adv_std``
-        (non-empty completions).
+        (non-empty completions filtered), ``entropy_threshold`` (NaN without a filter; ``"coverage"``: the mean of
+        the per-group thresholds over non-empty completions), ``adv_mean``, ``adv_std`` (non-empty completions).
     """
     logp, adv, mask = _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights,
                                     conflict_counts)
