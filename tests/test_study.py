@@ -311,3 +311,31 @@ def test_a_study_run_files_are_not_git_ignored():
             assert probe.returncode == 1, f"{path.relative_to(REPO)} is git-ignored: {probe.stdout.strip()}"
     # the scratch trees at the repository's root stay ignored
     assert _git("check-ignore", "runs/study/default/grpo/seed0/summary.json").returncode == 0
+
+
+# ----------------------------------------------------------------------------------------------- research arms
+
+
+def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_path):
+    """Every RESEARCH_ARMS arm's --preset / --loss is accepted by the trainer (RunSpec.config) and gives the intended
+    LossConfig; --arms takes names from both dicts; the default (no --arms) stays the main comparison."""
+    import dataclasses
+
+    from sgrpo_kernels import rl
+    from train.study.__main__ import build_parser
+    from train.study.grid import ARMS, RESEARCH_ARMS, grid
+
+    assert not set(ARMS) & set(RESEARCH_ARMS)
+    assert build_parser().parse_args([]).arms == list(ARMS)
+    assert build_parser().parse_args(["--arms", "s_grpo,s_grpo_afn"]).arms == ["s_grpo", "s_grpo_afn"]
+    specs = grid(list(RESEARCH_ARMS), [0], {}, tmp_path / "work", tmp_path / "out")
+    got = {spec.arm.name: spec.config().loss_config() for spec in specs}
+    q75 = "quantile:0.75"  # the s_grpo arm's filter (PRESET_LOSS_DEFAULTS)
+    want = {
+        "grpo_tc_causal": dataclasses.replace(rl.preset("grpo_tc"), conflict_strategy="causal"),
+        "grpo_tc_anywhere": dataclasses.replace(rl.preset("grpo_tc"), conflict_detect="anywhere"),
+        "s_grpo_anywhere": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75, conflict_detect="anywhere"),
+        "s_grpo_afn": dataclasses.replace(rl.preset("s_grpo_afn"), name="s_grpo", entropy_filter=q75),
+        "s_grpo_coverage": dataclasses.replace(rl.preset("s_grpo"), entropy_filter="coverage"),
+    }
+    assert got == want

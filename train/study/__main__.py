@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from train.study.grid import ARMS, REGIMES, grid, parse_sets
+from train.study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
 
 RESULTS = Path("benchmarks/results/study")
 WORK = Path("runs/study")
@@ -24,10 +24,13 @@ def _ints(text: str) -> list[int]:
 
 
 def _arms(text: str) -> list[str]:
+    """Names from ARMS (the main comparison) or RESEARCH_ARMS; the default (no --arms) is ARMS only."""
     names = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ARMS]
+    unknown = [a for a in names if a not in ARMS and a not in RESEARCH_ARMS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"{text!r} refused: expected arms from {', '.join(ARMS)}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} refused: expected arms from {', '.join(ARMS)} (main) or {', '.join(RESEARCH_ARMS)} (research)"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -42,7 +45,10 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    arms = "\n".join(f"  {a.name:<11} {a.preset:<8} loss {a.loss or '(as is)'}: {a.about}" for a in ARMS.values())
+    def listing(table: dict) -> str:
+        return "\n".join(f"  {a.name:<16} {a.preset:<8} loss {a.loss or '(as is)'}: {a.about}" for a in table.values())
+
+    arms = f"{listing(ARMS)}\n\nresearch arms (only when named in --arms):\n{listing(RESEARCH_ARMS)}"
     regimes = "\n".join(f"  {k:<15} {' '.join(f'--{f} {v}' for f, v in o.items())}" for k, o in REGIMES.items())
     p = argparse.ArgumentParser(
         prog="python -m train.study",
@@ -56,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regime", default="default", choices=sorted(REGIMES), help="named trainer overrides [default]")
     p.add_argument("--name", help="the study's name (its results folder); default: the regime's name")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="extra trainer override")
-    p.add_argument("--arms", type=_arms, default=list(ARMS), help="comma-separated arms [all]")
+    p.add_argument("--arms", type=_arms, default=list(ARMS), help="comma-separated arms [every main arm]")
     p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="comma-separated seeds [0,1,2]")
     p.add_argument("--workers", type=_positive, default=1, help="runs at a time [1]")
     p.add_argument(
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = grid(args.arms, args.seeds, overrides, work, out)
         for spec in specs:
             spec.config()  # every run's arguments, checked before the first starts
-        manifest = Manifest(out, name, overrides, {a: ARMS[a].as_dict() for a in args.arms})
+        manifest = Manifest(out, name, overrides, {spec.arm.name: spec.arm.as_dict() for spec in specs})
     except ValueError as exc:
         print(f"python -m train.study: {exc}", file=sys.stderr)
         return 2

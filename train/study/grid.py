@@ -41,6 +41,27 @@ ARMS: dict[str, Arm] = {
     )
 }
 
+# Research arms for the methods of issue 15 (docs/rl.md): not part of the main comparison (`--arms` defaults to ARMS
+# only); run them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset knows the RL layer's presets as of
+# train/config.py PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms
+# keep the s_grpo arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
+RESEARCH_ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("grpo_tc_causal", "grpo_tc", "conflict_strategy=causal",
+            "GRPO-TC with counterfactual credit on GTPO's prefix/suffix conflicts (conflict_strategy=causal)"),
+        Arm("grpo_tc_anywhere", "grpo_tc", "conflict_detect=anywhere",
+            "GRPO-TC with conflicts detected anywhere (token id in a positive and a negative completion)"),
+        Arm("s_grpo_anywhere", "s_grpo", f"{PRESET_LOSS_DEFAULTS['s_grpo']},conflict_detect=anywhere",
+            "the s_grpo arm with conflicts detected anywhere (the seed's pseudo-code)"),
+        Arm("s_grpo_afn", "s_grpo",
+            f"{PRESET_LOSS_DEFAULTS['s_grpo']},advantage_method=all_fail_negative,all_fail_c=1.0",
+            "the s_grpo arm + A = -1 for all-fail groups (the RL preset s_grpo_afn with the quantile filter)"),
+        Arm("s_grpo_coverage", "s_grpo", "entropy_filter=coverage",
+            "S-GRPO with the derived per-group filter H_thr = min(ln n_eff, ln |V|) (entropy_filter=coverage)"),
+    )
+}  # fmt: skip
+
 # The trainer overrides of the study's named regimes (applied to every arm; `--set` adds to them). Each value is what
 # `python -m train --FLAG VALUE` takes.
 REGIMES: dict[str, dict[str, str]] = {
@@ -119,11 +140,12 @@ class RunSpec:
 
 def grid(arms: list[str], seeds: list[int], overrides: dict[str, str], work: Path, results: Path) -> list[RunSpec]:
     """The runs, seed-major (every arm's seed 0 first), so that an interrupted study has whole seeds of all arms."""
-    unknown = [a for a in arms if a not in ARMS]
+    known = {**ARMS, **RESEARCH_ARMS}
+    unknown = [a for a in arms if a not in known]
     if unknown:
-        raise ValueError(f"--arms: unknown arm(s) {unknown}; expected names from {sorted(ARMS)}")
+        raise ValueError(f"--arms: unknown arm(s) {unknown}; expected names from {sorted(known)}")
     return [
-        RunSpec(ARMS[a], s, dict(overrides), work / a / f"seed{s}", results / "runs" / a / f"seed{s}")
+        RunSpec(known[a], s, dict(overrides), work / a / f"seed{s}", results / "runs" / a / f"seed{s}")
         for s in seeds
         for a in arms
     ]
