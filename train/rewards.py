@@ -2,12 +2,18 @@
 
 `extract_answer` is deliberately forgiving about *format* ("17", "The answer is 17.", "= 17", "17.0", "\\boxed{17}",
 "1,234") and strict about *value*: the reward is 1 only when the extracted number equals the answer.
+
+Code problems (HumanEval) carry a `CodeTests` as their answer: its reward runs the problem's tests on the completion
+in the sandbox (train/sandbox.py) instead of comparing numbers. `correctness_rewards` scores a batch, the code in
+parallel.
 """
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
+
+from train.sandbox import Limits, run_many, run_python
 
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
 # "the answer is 17" -- but not "the answer is 7 * 6 = 42" (an expression, whose result is the last number)
@@ -71,8 +77,61 @@ def answers_match(predicted: str | None, truth: str | int | float) -> bool:
 
 
 def correctness_reward(completion: str, truth: str | int | float) -> float:
-    """1.0 when the extracted answer equals `truth`, else 0.0."""
+    """1.0 when the extracted answer equals `truth` (for a `CodeTests` truth: when the completion passes its tests in
+    the sandbox), else 0.0."""
+    if isinstance(truth, CodeTests):
+        return float(run_python(truth.program(completion), truth.limits).passed)
     return float(answers_match(extract_answer(completion), truth))
+
+
+def correctness_rewards(
+    completions: list[str], truths: list[str | int | float], max_workers: int | None = None
+) -> list[float]:
+    """`correctness_reward` of each (completion, truth) pair; the code ones run in parallel, at most `max_workers` at
+    a time (default: min(8, CPU count))."""
+    if len(completions) != len(truths):
+        raise ValueError(f"completions and truths: {len(completions)} vs {len(truths)} items; expected as many")
+    out = [0.0 if isinstance(t, CodeTests) else correctness_reward(c, t) for c, t in zip(completions, truths)]
+    code = [i for i, t in enumerate(truths) if isinstance(t, CodeTests)]
+    by_limits: dict[Limits, list[int]] = {}
+    for i in code:
+        by_limits.setdefault(truths[i].limits, []).append(i)
+    for limits, idx in by_limits.items():
+        results = run_many([truths[i].program(completions[i]) for i in idx], limits, max_workers)
+        for i, r in zip(idx, results):
+            out[i] = float(r.passed)
+    return out
+
+
+_FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def code_of(completion: str) -> str:
+    """The code in a completion: the first Markdown code block (```python ... ```; an unclosed one runs to the end),
+    else the completion as it is (a plain continuation of the prompt)."""
+    block = _FENCE.search(completion)
+    return block.group(1) if block else completion
+
+
+class CodeTests(str):
+    """The ground truth of a code problem: HumanEval's `prompt`, `test` (which defines `check(candidate)`) and
+    `entry_point`, and the sandbox limits to run them with. It is a str -- the problem's name, what logs and
+    metrics show -- so that everything that carries answers passes it on unchanged."""
+
+    def __new__(cls, name: str, prompt: str, test: str, entry_point: str, limits: Limits | None = None):
+        self = super().__new__(cls, name)
+        self.prompt, self.test, self.entry_point = prompt, test, entry_point
+        self.limits = limits or Limits()
+        return self
+
+    def __reduce__(self):
+        return (CodeTests, (str(self), self.prompt, self.test, self.entry_point, self.limits))
+
+    def program(self, completion: str) -> str:
+        """The program HumanEval runs: prompt + completion + "\n" + test + "\n" + f"check({entry_point})", with the
+        completion's code (`code_of`: a fenced block when there is one). A reply that restates the whole function
+        works too: its `def` replaces the prompt's."""
+        return self.prompt + code_of(completion) + "\n" + self.test + "\n" + f"check({self.entry_point})"
 
 
 def format_reward(completion: str) -> float:
