@@ -110,7 +110,8 @@ def _data_file(path: str) -> None:
 
 
 # Kept here (torch-free) and checked against the package by tests/test_train_cli.py.
-PRESET_NAMES = ("s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo")
+PRESET_NAMES = ("s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo",
+                "s_grpo_afn")
 BACKENDS = ("torch", "triton", "npu")  # sgrpo_kernels.available_backends()
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16")  # train.model.resolve_dtype
 TASKS = ("arithmetic", "wordproblems", "gsm8k", "math", "humaneval")
