@@ -261,6 +261,19 @@ def _aliases_grad_leaf(t: Tensor) -> bool:
     return any(x is not None and x.is_leaf and x.requires_grad for x in (t, t._base))
 
 
+def _check_max_logprob(flag: object, shard: bool, op: str) -> bool:
+    want = check_flag("return_max_logprob", flag)
+    if want and shard:
+        raise ValueError(f"{op}: return_max_logprob=True is not supported with process_group (vocab-sharded) yet")
+    return want
+
+
+def _max_logprob(stats: Tensor, lead: torch.Size) -> Tensor:
+    """log p_max = max_j z_j - logsumexp(z) = -log s from the row statistics [m; log s] (0 on ignored rows, whose
+    statistics are 0); detached: a statistic, no gradient."""
+    return (0.0 - stats[1]).detach().view(lead)  # 0 - 0 = +0.0 on ignored rows
+
+
 def linear_logprobs(
     hidden: Tensor,  # (..., D)
     weight: Tensor,  # (V, D)
@@ -276,7 +289,8 @@ def linear_logprobs(
     process_group=None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
-) -> tuple[Tensor, Tensor | None]:
+    return_max_logprob: bool = False,
+) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, Tensor]:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
 
     The (..., V) logits are never materialized. With z = (h . W_j + b_j) / temperature for one row:
@@ -304,6 +318,9 @@ def linear_logprobs(
             logit_scale * (h W^T + b) without a softcap (Cohere; Granite's 1 / logits_scaling). A logit scale alone is
             folded into the temperature (every backend); a softcap is applied by the torch and triton backends (npu
             refuses it for now). `sgrpo_kernels.integrations.hf.lm_head` reads both from a Hugging Face model.
+        return_max_logprob: also return log p_max = max_j log p_j = -log sum_j exp(z_j - max z) per row (0 on
+            ignored rows), forward only (no gradient flows through it): `(logp, entropy, max_logprob)`. Free: it is
+            the forward's own row statistic on every backend. Not supported with `process_group` yet.
     """
     shard = process_group is not None
     temperature, ignore_index = check_linear_inputs(
@@ -315,12 +332,13 @@ def linear_logprobs(
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    want_max = _check_max_logprob(return_max_logprob, shard, "linear_logprobs")
     call = Call(
         backend=resolve(backend, hidden.device),
         check_targets=_check_targets(check_targets),
         opts=Options(
             temperature=temperature, ignore_index=ignore_index,
-            return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad,
+            return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad or want_max,
             memory_budget=_budget(memory_budget), softcap=softcap, logit_scale=logit_scale,
         ),
     )
@@ -334,7 +352,9 @@ def linear_logprobs(
             check_target_values(t1, vocab, ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, _ = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        if want_max:
+            return logp.view(lead), (entropy.view(lead) if return_entropy else None), _max_logprob(stats, lead)
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
 
@@ -350,7 +370,8 @@ def logprobs_from_logits(
     inplace_backward: bool = False,
     check_targets: bool | None = None,
     process_group=None,
-) -> tuple[Tensor, Tensor | None]:
+    return_max_logprob: bool = False,
+) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, Tensor]:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
 
     One streaming pass over V per row (online statistics); the backward writes grad_logits vocab chunk by vocab chunk.
@@ -366,6 +387,7 @@ def logprobs_from_logits(
         process_group: the logits are this rank's contiguous vocabulary shard (N, V_r) over a `torch.distributed`
             group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
             `inplace_backward` is not supported with it.
+        return_max_logprob: as in `linear_logprobs`: `(logp, entropy, max_logprob)`, forward only.
     """
     shard = process_group is not None
     temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index, shard=shard)
@@ -386,6 +408,9 @@ def logprobs_from_logits(
             inplace_backward=inplace_backward,
         ),
     )
+    want_max = _check_max_logprob(return_max_logprob, shard, "logprobs_from_logits")
+    if want_max:
+        call = dataclasses.replace(call, opts=dataclasses.replace(call.opts, need_stats=True))
     lead = targets.shape
     t1 = targets.reshape(-1).long()
     l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
@@ -399,5 +424,7 @@ def logprobs_from_logits(
             check_target_values(t1, vocab, ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, _ = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        if want_max:
+            return logp.view(lead), (entropy.view(lead) if return_entropy else None), _max_logprob(stats, lead)
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
