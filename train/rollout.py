@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from train.rewards import correctness_reward, extract_answer, format_reward
+from train.rewards import correctness_rewards, extract_answer, format_reward
 from train.tasks import Problem
 
 
@@ -148,7 +148,7 @@ def _pad_right(rows: list[list[int]], pad: int, device) -> Tensor:
 
 
 def score(texts: list[str], answers: list[str], format_weight: float) -> tuple[Tensor, Tensor]:
-    correct = torch.tensor([correctness_reward(t, a) > 0 for t, a in zip(texts, answers)])
+    correct = torch.tensor([r > 0 for r in correctness_rewards(texts, answers)])  # code: sandboxed, in parallel
     rewards = correct.float()
     if format_weight:
         rewards = rewards + format_weight * torch.tensor([format_reward(t) for t in texts])
