@@ -18,6 +18,7 @@ from sgrpo_kernels.validation import check_choice, check_number
 __all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "LossConfig"]
 
 IMPORTANCE_LEVELS = ("token", "sequence")
+PROB_COMPENSATIONS = ("positive", "all")
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-sum-token-mean")
 
 
@@ -73,6 +74,15 @@ class LossConfig:
         completions, capped at ln |V|); the last two need ``rewards``, ``group_size``, ``vocab_size``.
         entropy_advantage_shift: gamma of the official GTPO code's :math:`A_i - \gamma \langle H\rangle_i` (detached).
         top_entropy_quantile: rho; only the top-rho fraction of active tokens by entropy is trained (80/20 paper).
+
+    Probability compensation (grpo-stability-experiments.md 2.2), per token :math:`A_{it} = A_i\,C_{it}` with
+    :math:`C_{it} = \min(2 - p_{it}/p^{max}_{it},\ C_{max})`, both probabilities detached (:math:`p^{max}` from the
+    op's ``return_max_logprob``):
+        prob_compensation: None (off), ``"positive"`` (tokens of completions with :math:`A_i > 0`: the seed's
+        "improbable correct tokens") or ``"all"`` (every token, the formula as the seed writes it).
+        prob_compensation_max: :math:`C_{max}` in [1, 2]; None = ``1 + epsilon_high``. The seed's unclipped C
+        diverged; capping the amplification at the PPO clip's own scale keeps a token's effective step within the
+        trust region the ratio clip enforces (docs/rl.md, "Probability compensation").
     """
 
     name: str = "custom"
@@ -101,6 +111,8 @@ class LossConfig:
     entropy_filter: float | str | None = None
     entropy_advantage_shift: float | None = None
     top_entropy_quantile: float | None = None
+    prob_compensation: str | None = None
+    prob_compensation_max: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -151,6 +163,15 @@ class LossConfig:
             check_number("LossConfig.entropy_advantage_shift", self.entropy_advantage_shift)
         if self.top_entropy_quantile is not None:
             check_number("LossConfig.top_entropy_quantile", self.top_entropy_quantile, low=0.0, low_open=True, high=1.0)
+        if self.prob_compensation is not None:
+            check_choice("LossConfig.prob_compensation", self.prob_compensation, PROB_COMPENSATIONS)
+        if self.prob_compensation_max is not None:
+            check_number("LossConfig.prob_compensation_max", self.prob_compensation_max, low=1.0, high=2.0)
+            if self.prob_compensation is None:
+                raise ValueError(
+                    f"LossConfig.prob_compensation_max={self.prob_compensation_max!r} is set but prob_compensation is "
+                    f"None; expected prob_compensation in {PROB_COMPENSATIONS}"
+                )
 
     def _check_all_fail(self) -> None:
         """all_fail_c: a number > 0, for all_fail_negative only, set once; and no positive_only, which would clamp
@@ -196,6 +217,17 @@ class LossConfig:
     def needs_ref(self) -> bool:
         """Whether :func:`policy_loss` needs ``ref_logp`` (beta > 0)."""
         return self.beta > 0.0
+
+    @property
+    def needs_max_logprob(self) -> bool:
+        """Whether :func:`policy_loss` needs ``max_logprob`` (probability compensation)."""
+        return self.prob_compensation is not None
+
+    @property
+    def compensation_cap(self) -> float:
+        """C_max of probability compensation: ``prob_compensation_max``, else ``1 + epsilon_high`` (at most 2)."""
+        cap = self.prob_compensation_max
+        return cap if cap is not None else min(2.0, 1.0 + self.epsilon_high)
 
     def advantages(
         self, rewards: Tensor, group_size: int, *, return_stats: bool = False

@@ -63,6 +63,8 @@ def sgrpo_loss(
             costs one host sync per call; a trainer that calls several times per step on the same targets can check
             on the first call only).
         logit_scale, softcap: the model's head options, as in ``linear_logprobs``.
+            With ``config.prob_compensation`` set, the op also returns log p_max (``return_max_logprob``; free) for
+            the compensation factor.
         process_group: the LM head is sharded by vocabulary over this ``torch.distributed`` group (``weight`` /
             ``bias`` are this rank's shard; ``targets`` global ids): as in ``linear_logprobs``. The loss and metrics
             are the same on every rank; ``weight`` gets this rank's shard of the gradient.
@@ -90,7 +92,7 @@ def sgrpo_loss(
     valid = (mask != 0) & (targets != ignore_index)
     eff_targets = torch.where(valid, targets, torch.full_like(targets, ignore_index))
     eff_mask = valid if mask.dtype == torch.bool else torch.where(valid, mask, torch.zeros_like(mask))
-    logp, entropy = linear_logprobs(
+    out = linear_logprobs(
         hidden,
         weight,
         eff_targets,
@@ -104,7 +106,10 @@ def sgrpo_loss(
         process_group=process_group,
         logit_scale=logit_scale,
         softcap=softcap,
+        return_max_logprob=config.needs_max_logprob,
     )
+    logp, entropy = out[0], out[1]
+    max_logprob = out[2] if config.needs_max_logprob else None
     vocab = int(weight.shape[0])
     if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)
         vocab = shard_range(vocab, process_group, hidden.device)[2]
@@ -121,4 +126,5 @@ def sgrpo_loss(
         rewards=rewards,
         group_size=group_size,
         vocab_size=vocab,
+        max_logprob=max_logprob,
     )

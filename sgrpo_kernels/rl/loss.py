@@ -8,6 +8,7 @@
     _k3                  the k3 KL estimate against ref_logp
     _aggregate           the five loss aggregation modes
     _entropy_bonus, _entropy_band_penalty
+    _compensation        probability compensation C = min(2 - p / p_max, C_max) of the per-token advantage
     _metrics             every metric as a 0-d tensor (no device-to-host sync in the loss)
 """
 
@@ -121,6 +122,16 @@ def _seq_log_ratio(x: _Batch, old: Tensor) -> Tensor:
     return ((x.lp.detach() - old) * x.m).sum(dim=1) / _safe(x.n_tok)
 
 
+def _compensation(config: LossConfig, x: _Batch, max_logprob: Tensor, adv: Tensor) -> Tensor:
+    """C [B, T] = min(2 - p_t / p_max, C_max) on the compensated tokens (valid; and A_i > 0 for "positive"), 1
+    elsewhere; p_t / p_max = exp(log p_t - log p_max) from detached inputs (<= 1 up to rounding, so C >= 1)."""
+    mx = torch.where(x.valid, max_logprob.detach().to(x.lp.dtype), x.zero)
+    ratio = torch.exp((x.lp.detach() - mx).clamp(max=0.0))  # p_t <= p_max; clamp the rounding of equal ones
+    c = (2.0 - ratio).clamp(max=config.compensation_cap)
+    on = x.valid if config.prob_compensation == "all" else x.valid & (adv > 0).unsqueeze(1)
+    return torch.where(on, c, torch.ones_like(c))
+
+
 def _clipped_surrogate(config: LossConfig, a: Tensor, ratio: Tensor) -> tuple[Tensor, Tensor]:
     """-> (per-token PPO term [B, T], dual-clipped [B, T] bool). `a` is the advantage as [B, 1]."""
     pg = torch.maximum(-a * ratio, -a * ratio.clamp(1.0 - config.epsilon_low, 1.0 + config.epsilon_high))
@@ -187,7 +198,8 @@ def _entropy_band_penalty(config: LossConfig, x: _Batch, active: Tensor) -> Tens
 # --------------------------------------------------------------------------------------------------- the loss
 
 
-def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights, conflict_counts):
+def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights, conflict_counts,
+                  max_logprob=None):
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
     logp = check_float_tensor("logp", logp)
@@ -198,13 +210,18 @@ def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, t
     mask = check_mask("mask", mask, (b, t), " (the shape of logp)")
     check_same_device("mask", mask, logp, "logp")
     for name, x in (("entropy", entropy), ("old_logp", old_logp), ("ref_logp", ref_logp),
-                    ("token_weights", token_weights)):
+                    ("token_weights", token_weights), ("max_logprob", max_logprob)):
         if x is not None:
             check_same_device(name, check_float_tensor(name, x, (b, t), " (the shape of logp)"), logp, "logp")
     if entropy is None and config.needs_entropy:
         raise ValueError(f"entropy [B, T] is required by this config ({config.name!r}: entropy terms or filters)")
     if ref_logp is None and config.needs_ref:
         raise ValueError(f"ref_logp [B, T] is required when config.beta > 0 (beta = {config.beta})")
+    if max_logprob is None and config.needs_max_logprob:
+        raise ValueError(
+            f"max_logprob [B, T] is required when config.prob_compensation is set ({config.prob_compensation!r}): "
+            "linear_logprobs(..., return_max_logprob=True) gives it"
+        )
     if conflict_counts is not None:
         check_tensor("conflict_counts", conflict_counts)
         if tuple(conflict_counts.shape) != (b,):
@@ -226,6 +243,7 @@ def policy_loss(
     rewards: Tensor | None = None,
     group_size: int | None = None,
     vocab_size: int | None = None,
+    max_logprob: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family policy loss of B completions of length T (see :class:`LossConfig` for every term).
 
@@ -255,6 +273,8 @@ def policy_loss(
         conflict_counts: ``[B]`` counts from :func:`conflict_weights`, used when ``config.conflict_count_norm``
             (default: the number of valid tokens whose weight is not 1).
         rewards, group_size, vocab_size: only for ``entropy_filter="adaptive"`` or ``"coverage"`` (rewards ``[B]``).
+        max_logprob: ``[B, T]`` log p_max per position (``linear_logprobs(..., return_max_logprob=True)``), detached
+            inside; required when ``config.prob_compensation`` is set.
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor and a dict of 0-d tensors (no device-to-host sync;
@@ -266,7 +286,7 @@ def policy_loss(
         the per-group thresholds over non-empty completions), ``adv_mean``, ``adv_std`` (non-empty completions).
     """
     logp, adv, mask = _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights,
-                                    conflict_counts)
+                                    conflict_counts, max_logprob)
     x = _sanitize(logp, entropy, mask)
     adv, keep, thr = _shape_advantages(config, x, adv.detach().to(x.m.dtype), rewards, group_size, vocab_size)
     w, active = _token_weights(config, x, token_weights, keep)
@@ -281,6 +301,8 @@ def policy_loss(
         return torch.where(active, v, x.zero)
 
     lp_a, a = on_active(x.lp), on_active(adv.unsqueeze(1))
+    if config.prob_compensation is not None:
+        a = a * _compensation(config, x, max_logprob, adv)
     ratio = _importance_ratio(config, lp_a, on_active(old), seq_lr)
     per_tok, dual = _clipped_surrogate(config, a, ratio)
     if ref is not None and config.beta > 0:

@@ -59,6 +59,8 @@ RESEARCH_ARMS: dict[str, Arm] = {
             "the s_grpo arm + A = -1 for all-fail groups (the RL preset s_grpo_afn with the quantile filter)"),
         Arm("s_grpo_coverage", "s_grpo", "entropy_filter=coverage",
             "S-GRPO with the derived per-group filter H_thr = min(ln n_eff, ln |V|) (entropy_filter=coverage)"),
+        Arm("s_grpo_pc", "s_grpo", f"{PRESET_LOSS_DEFAULTS['s_grpo']},prob_compensation=positive",
+            "the s_grpo arm + probability compensation C = min(2 - p/p_max, 1 + eps) on positive completions"),
     )
 }  # fmt: skip
 
