@@ -1,6 +1,7 @@
 """SGRPOTrainer inside TRL's GRPOTrainer, on a tiny random Llama and a character-level tokenizer built in-process (no
 downloads): training with several presets and LoRA, parity with TRL's own loss, conflict weights under TRL's
-shuffling, the head helper, and the errors for what TRL cannot serve. Skipped without the `trl` extra."""
+shuffling, the same update from 2 processes or 2 accumulated micro-batches as from one (fixed completions), the head
+helper, and the errors for what TRL cannot serve. Skipped without the `trl` extra."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def reward(completions, answer, **kwargs):
 
 
 def trainer(tmp_path, preset="s_grpo", loss="entropy_filter=quantile:0.75", peft_config=None, from_disk=False,
-            **kw) -> SGRPOTrainer:  # fmt: skip
+            cls=None, **kw) -> SGRPOTrainer:  # fmt: skip
     args = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, num_generations=4,
                 max_completion_length=6, max_steps=2, logging_steps=1, report_to=[], use_cpu=True,
                 learning_rate=1e-2, save_strategy="no", beta=0.0, sgrpo_preset=preset, sgrpo_loss=loss,
@@ -61,8 +62,8 @@ def trainer(tmp_path, preset="s_grpo", loss="entropy_filter=quantile:0.75", peft
         m.save_pretrained(tmp_path / "model")
         tokenizer().save_pretrained(tmp_path / "model")
         m = str(tmp_path / "model")
-    return SGRPOTrainer(model=m, processing_class=tokenizer(), reward_funcs=reward, args=SGRPOConfig(**args),
-                        train_dataset=dataset(), peft_config=peft_config)  # fmt: skip
+    return (cls or SGRPOTrainer)(model=m, processing_class=tokenizer(), reward_funcs=reward, args=SGRPOConfig(**args),
+                                 train_dataset=dataset(), peft_config=peft_config)  # fmt: skip
 
 
 def trained_params(t: SGRPOTrainer) -> dict[str, torch.Tensor]:
@@ -209,9 +210,8 @@ if dist.get_rank() == 0:
 """
 
 
-def test_two_processes_train_and_stay_in_sync(tmp_path):
-    """torchrun, 2 gloo processes on this CPU: the groups are gathered across processes for the advantages and
-    conflict weights, the ranks train 2 steps and end with identical weights."""
+def _torchrun(tmp_path, script: str) -> str:
+    """Run `script` on 2 gloo processes of this CPU (torchrun); its stdout."""
     import os
     import socket
     import subprocess
@@ -219,17 +219,119 @@ def test_two_processes_train_and_stay_in_sync(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    script = tmp_path / "two.py"
-    script.write_text(TWO_PROCESS_SCRIPT)
+    path = tmp_path / "job.py"
+    path.write_text(script)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script), str(repo), str(tmp_path)]  # fmt: skip
+           "--master_port", str(port), str(path), str(repo), str(tmp_path)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "TWO-PROCESS OK 2" in res.stdout
+    return res.stdout
+
+
+def test_two_processes_train_and_stay_in_sync(tmp_path):
+    """torchrun, 2 gloo processes on this CPU: the groups are gathered across processes for the advantages and
+    conflict weights, the ranks train 2 steps and end with identical weights."""
+    assert "TWO-PROCESS OK 2" in _torchrun(tmp_path, TWO_PROCESS_SCRIPT)
+
+
+class FixedCompletions(SGRPOTrainer):
+    """Sampling replaced by a fixed function of (prompt, place in its group), so that jobs with different process
+    counts or micro-batch splits see the same completions and rewards. The place is the row's index in the global
+    generation batch mod G: TRL's RepeatSampler puts a prompt's G copies on consecutive rows of the global batch, and
+    process r holds the r-th equal, contiguous slice of it. The completions of a group differ in their answer and digit
+    count (the rewards, hence the advantages, vary), in length (padding differs per process) and share '.' tokens at
+    the same positions across advantage signs (conflict weights != 1)."""
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tok, first = self.processing_class, self.accelerator.process_index * len(prompt_ids)
+        completions = []
+        for i, ids in enumerate(prompt_ids):
+            a, b = tok.decode(ids, skip_special_tokens=True).removesuffix(" =").split(" + ")
+            s, k = int(a) + int(b), (first + i) % num_generations
+            text = [f"{s}", f"{s + 1}.", f"{s}..", f"{(s + 1) % 10}{s % 10}.."][k % 4]
+            completions.append(tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if k != 2 else []))
+        return completions, None  # (no sampling log-probs: TRL's transformers path has none either)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.scored = [*getattr(self, "scored", []), out]
+        return out
+
+
+# name -> (preset, LossConfig overrides): whole-group conflict weights (gtpo 2 / 0, s_grpo 1 / 0) and the loss
+# aggregations whose normalizer is not a per-completion mean: token-mean (dapo), seq-sum-token-mean (gtpo_official).
+# The ln 2 / 0.7 entropy filters would drop every completion of this random model (entropy ~3.86 nats): no gradient
+SAME_BATCH_RUNS = {
+    "gtpo": ("gtpo", "entropy_filter=none"),
+    "s_grpo": ("s_grpo", "entropy_filter=none"),
+    "dapo": ("dapo", ""),
+    "gtpo_official": ("gtpo_official", "entropy_filter=none"),
+}
+
+
+def same_batch_update(tmp_path, name: str, **kw) -> tuple[dict[str, torch.Tensor], FixedCompletions]:
+    """The change of every weight after 2 optimizer steps on 12 rows (3 prompts x 4) per step. Plain SGD, constant
+    lr, no gradient clipping, fp32: the update is lr times the gradient, so a gradient scaled wrongly shows (Adam's
+    first step is ~lr * sign(g), and clipping to a norm would hide a scale)."""
+    t = trainer(tmp_path, *SAME_BATCH_RUNS[name], cls=FixedCompletions, num_generations=4, optim="sgd",
+                learning_rate=0.5, lr_scheduler_type="constant", max_grad_norm=0.0, bf16=False, **kw)  # fmt: skip
+    before = trained_params(t)
+    t.train()
+    return {k: v - before[k] for k, v in trained_params(t).items()}, t
+
+
+def assert_same_update(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
+    """Equal to 2e-6 of the largest update. Both runs compute the same fp32 sums in another order (two half-batch
+    gradients all-reduced or accumulated instead of one, per-micro-batch padding, after 2 steps): measured <= 5e-7,
+    a few fp32 ulps (1.2e-7). A wrong gathering or normalization moved it by 3e-2 to 1.2 times its size."""
+    scale = max(v.abs().max().item() for v in want.values())
+    assert scale > 1e-3, f"{what}: the reference run barely moved ({scale:.2e})"
+    worst = max(((got[k] - want[k]).abs().max().item(), k) for k in want)
+    assert worst[0] <= 2e-6 * scale, f"{what}: {worst[1]} differs by {worst[0]:.3e} (largest update {scale:.3e})"
+
+
+def check_batch_is_not_trivial(t: FixedCompletions, name: str) -> None:
+    for out in t.scored:
+        assert (out["advantages"] != 0).sum() >= 6  # rewards vary within most groups
+        if "sgrpo_token_weights" in out:  # conflicts within whole groups change some weights
+            assert (out["sgrpo_token_weights"][out["completion_mask"].bool()] != 1).any(), name
+
+
+SAME_BATCH_SCRIPT = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from tests.test_trl_integration import SAME_BATCH_RUNS, same_batch_update
+out = Path(sys.argv[2])
+for name in SAME_BATCH_RUNS:
+    update, t = same_batch_update(out / name, name, per_device_train_batch_size=6)
+    if t.accelerator.is_main_process:
+        torch.save(update, out / f"{name}.pt")
+print("SAME-BATCH OK")
+"""
+
+
+def test_two_processes_give_the_one_process_update(tmp_path):
+    """Issue 13: 2 gloo processes with 6 rows each and 1 process with 12 rows see the same global batch (groups of 4,
+    one of them split across the processes) and make the same 2 updates."""
+    assert "SAME-BATCH OK" in _torchrun(tmp_path, SAME_BATCH_SCRIPT)
+    for name in SAME_BATCH_RUNS:
+        want, t = same_batch_update(tmp_path / "one" / name, name, per_device_train_batch_size=12)
+        check_batch_is_not_trivial(t, name)
+        assert_same_update(torch.load(tmp_path / f"{name}.pt"), want, f"{name}, 2 processes vs 1")
+
+
+@pytest.mark.parametrize("name", list(SAME_BATCH_RUNS))
+def test_gradient_accumulation_gives_the_one_micro_batch_update(tmp_path, name):
+    """2 micro-batches of 6 rows (TRL shuffles the generation batch, then splits it) and one micro-batch of 12 rows
+    make the same 2 updates."""
+    want, _ = same_batch_update(tmp_path / "one", name, per_device_train_batch_size=12)
+    got, _ = same_batch_update(tmp_path / "acc", name, per_device_train_batch_size=6, gradient_accumulation_steps=2)
+    assert_same_update(got, want, f"{name}, 2 accumulated micro-batches vs 1")
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,10 @@ What changes against `GRPOTrainer` (README, "Use with TRL"):
 - The loss is `sgrpo_loss` on the policy's final hidden states: the model runs through the wrapped (DDP / accelerate)
   module with `logits_to_keep=1`, so no [B, T, V] logits are made and gradient synchronization happens as usual; the
   LM head's log-probs and entropies come from the fused op, which skips rows with zero gradient.
+- Each micro-batch's loss is scaled so that, once the micro-batches are summed and DDP averages the processes, the
+  update is the one of a single process on the whole batch: 1 / accumulation steps for per-completion means, the
+  micro-batch's share of the batch's tokens for token-mean (TRL's `dapo` normalizer), the process count for
+  seq-sum-token-mean.
 - TRL's own sampling, rewards, reference model (`beta`), old log-probs (`num_iterations > 1`), gradient accumulation,
   PEFT and logging stay as they are; the RL layer's metrics are added to TRL's logs under `sgrpo/`.
 """
@@ -161,9 +165,27 @@ class SGRPOTrainer(GRPOTrainer):
         )
         mode = "train" if self.model.training else "eval"
         if mode == "train":
-            loss = loss / self.current_gradient_accumulation_steps
+            loss = loss * self._window_scale(mask, inputs.get("num_items_in_batch"))
         self._log_sgrpo(mode, metrics)
         return loss
+
+    def _window_scale(self, mask: Tensor, num_items: Tensor | None) -> Tensor | float:
+        """The factor that makes this micro-batch's loss its share of the loss of the optimizer step's whole batch
+        (every micro-batch on every process), given that the backward sums the micro-batches and DDP averages the
+        processes. The micro-batches hold equal numbers of completions (TRL splits evenly), so a mean over completions
+        needs 1 / accumulation steps; a token mean needs the tokens of the whole batch, a sum over completions the
+        process count. The entropy band penalty (a function of the micro-batch's mean entropy, not a sum over its
+        tokens) is scaled with the rest."""
+        agg, steps = self.sgrpo_config.loss_agg, self.current_gradient_accumulation_steps
+        procs = self.accelerator.num_processes
+        if agg == "token-mean" and num_items is not None:
+            # num_items_in_batch: loss-mask tokens of the generation batch on every process, which spans
+            # steps_per_generation micro-batches (TRL's dapo normalizer)
+            batch_tokens = num_items.clamp(min=1) * steps / self.args.steps_per_generation
+            return mask.sum() * procs / batch_tokens
+        if agg == "seq-sum-token-mean":
+            return float(procs)
+        return 1.0 / steps
 
     def _log_sgrpo(self, mode: str, metrics: dict[str, Tensor]) -> None:
         names = {"entropy": "entropy_mean", "sgrpo/masked_frac": "zero_weight_frac", "sgrpo/filtered_frac":
