@@ -10,7 +10,10 @@ Providers: `reference` (sgrpo_kernels.reference: full bf16 logits + autograd, th
 - `liger_flce`: Liger-Kernel fused linear cross entropy, reduction="none": log-prob only, no entropy;
 - `liger_scaled_ce`: Liger's fused linear scaled CE, log-prob and entropy with gradients; CuTe DSL kernels on sm_90
   only (they need the `nvidia-cutlass-dsl` package), a 512-token torch fallback elsewhere;
-- `cce`: Apple cut-cross-entropy, reduction="none": log-prob only.
+- `cce`: Apple cut-cross-entropy, reduction="none": log-prob only;
+- `trl`: TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`, what `GRPOTrainer` runs; log-prob and entropy
+  with gradients) at TRL's own vocabulary chunk: cuBLAS tiles folded by Triton kernels on CUDA, by torch ops elsewhere
+  (the CPU smoke test).
 `liger_flce` and `cce` compute less (no entropy) and are listed for orientation.
 
 Modes (the `mode` column): `fwd` = forward-only, no-grad call (old-policy / reference log-probs), tflops = 2MDV/t;
@@ -56,7 +59,7 @@ COLUMNS = ["device", "provider", "mode", "M", "D", "V", "dtype", "zero_grad_frac
            "tflops", "peak_mem_gb", "versions", "git_sha"]
 SHAPES = ["8192x4096x131072", "8192x2304x256000"]  # M x D x V: a published peer shape; a Gemma-2-like one
 MODES = [("fwd", 0.0), ("fwd+bwd", 0.0), ("fwd+bwd", 0.5)]
-PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce"]
+PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce", "trl"]
 
 
 # ------------------------------------------------------------------------------------------------- providers
@@ -93,6 +96,18 @@ def _peer(provider: str):
         def fn(h, w, t):
             nll, ent = ScaledCE.apply(h, w, t, 1.0, IGNORE, 1, True)
             return -nll.float(), ent.float()
+
+        return fn
+    if provider == "trl":
+        # (hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale, outputs) -> (logp, entropy,
+        # 3 outputs not asked for); every target is a vocabulary id here (TRL's op has no ignore_index)
+        from trl.kernels import ChunkedLogProbFunction
+
+        from benchmarks.bench_cpu import TRL_CHUNK
+
+        def fn(h, w, t):
+            out = ChunkedLogProbFunction.apply(h, w, None, t, 1.0, TRL_CHUNK, None, 1.0, ("entropy",))
+            return out[0], out[1]
 
         return fn
     raise ValueError(provider)

@@ -2,8 +2,9 @@
 
 No timing is checked here (speed is the benchmark's business, not a unit test's). What is checked: the script runs
 every provider that can run here, including the peers' adapters when Liger-Kernel / cut-cross-entropy are installed
-(the `bench` extra), each provider passes the script's own float64 correctness gate in all three modes, the CSV has
-exactly the issue's columns, and a provider that is wrong is left out of the table instead of being reported.
+(the `bench` extra) and TRL's fused head when `trl` is (its torch tiles here; its Triton kernels run on CUDA only),
+each provider passes the script's own float64 correctness gate in all three modes, the CSV has exactly the issue's
+columns, and a provider that is wrong is left out of the table instead of being reported.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def _providers() -> list[str]:
         out += (["liger_flce"] if interp else []) + ["liger_scaled_ce"]
     if importlib.util.find_spec("cut_cross_entropy") is not None:
         out.append("cce")
+    if importlib.util.find_spec("trl") is not None:
+        out.append("trl")
     return out
 
 
