@@ -36,6 +36,14 @@ class Dist:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t / self.world
 
+    def sum(self, t: Tensor) -> Tensor:
+        """The sum over ranks of a tensor of the same shape on every rank (a copy; `t` itself when alone)."""
+        if not self.enabled:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
     def cat(self, t: Tensor) -> Tensor:
         """The ranks' tensors (same shape on every rank) concatenated along dim 0 in rank order."""
         if not self.enabled:

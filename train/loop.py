@@ -124,6 +124,32 @@ class Update:
     notes: list[str]  # what was skipped and why, for the log
 
 
+def rank_loss_scale(run: Run, batch: Batch) -> float | None:
+    """The factor that turns this rank's loss into its share of the loss of the global batch (every rank's groups),
+    given that DDP averages the ranks' gradients; None when the loss needs none (one process, or a mean over
+    completions: the ranks hold equal numbers of completions, so the average of their means is the global mean).
+
+    - `token-mean` (dapo, lite_ppo): the global loss is sum_r S_r / N with S_r the rank's token sum and N the global
+      token count, and the rank computes S_r / n_r; so the factor is n_r * world / N. One all-reduce of the token count
+      per step (shared by its `ppo_epochs`), the only collective this adds.
+    - `seq-sum-token-mean` (gtpo_official): the global loss is the sum of the ranks' sums, which the average divides
+      by world; so the factor is world (no collective).
+
+    The entropy terms are scaled with the rest: the bonus aggregates like the policy term (exact); the entropy band
+    penalty is a function of the rank's mean entropy, not a sum over tokens, and stays a rank-level approximation (as
+    it is for every aggregation under DDP). The TRL integration's `_window_scale` is the same correction (b56fefa)."""
+    if not run.dist.enabled:
+        return None
+    agg, world = run.loss_cfg.loss_agg, run.dist.world
+    if agg == "token-mean":
+        local = batch.completion_mask.sum().to(run.dist.device, torch.float64)
+        total = run.dist.sum(local)
+        return float(local * world / total.clamp(min=1))
+    if agg == "seq-sum-token-mean":
+        return float(world)
+    return None
+
+
 def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals) -> Update:
     """`ppo_epochs` optimizer steps on one rollout batch, then the schedule's step. A non-finite loss or gradient
     skips that epoch's update (weights and Adam state untouched); so does an optimizer step that leaves a weight
@@ -139,6 +165,7 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
     if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
         ref_logp = reference_logprobs(run, batch, next(check))
 
+    scale = rank_loss_scale(run, batch)  # None: one process, or an aggregation DDP's average already gets right
     model.train()
     skipped, grad_norm, metrics, notes = 0, float("nan"), None, []
     applied = False  # an optimizer step of this batch may have changed the weights
@@ -165,6 +192,9 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
                 check_targets=next(check),
                 **head.options(),  # bias, logit scale, softcap of this model's head
             )
+            if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
+                loss = loss * scale
+                metrics = {**metrics, "loss": metrics["loss"] * scale}
             if run.dist.any(not bool(torch.isfinite(loss))):  # on any rank: every rank skips (they stay in step)
                 skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
                 notes.append(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
