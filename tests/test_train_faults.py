@@ -173,10 +173,15 @@ def test_garbage_checkpoint_gives_a_clear_error(tmp_path, capsys):
 def test_no_unsafe_deserialization_in_the_trainer():
     import re
 
+    # the sandbox's bootstrap runs the untrusted program with exec() on purpose, in the isolated child it forks
+    # (train/sandbox.py: limits, namespaces, its own uid); nowhere else may the trainer exec or eval anything
+    allowed = {("_sandbox_boot.py", r"(?<![\w.])exec\(")}
     for path in (REPO / "train").glob("*.py"):
         text = path.read_text()
         for bad in (r"weights_only=False", r"\bpickle\b", r"(?<![\w.])eval\(", r"(?<![\w.])exec\("):
-            assert not re.search(bad, text), (path.name, bad)
+            if (path.name, bad) not in allowed:
+                assert not re.search(bad, text), (path.name, bad)
+    assert len(re.findall(r"(?<![\w.])exec\(", (REPO / "train" / "_sandbox_boot.py").read_text())) == 1
 
 
 # ----------------------------------------------------------------------------------------------------- item 5 (+6)
