@@ -163,6 +163,27 @@ def test_torchrun_two_processes_writes_global_metrics_and_resumes(tmp_path):
     assert "trained by 2 process(es), this job has 1" in alone.stderr
 
 
+def test_torchrun_dynamic_sampling_resamples_per_rank_and_resumes(tmp_path):
+    """--dynamic-sampling under torchrun: each rank resamples its own groups from its own stream (saved per rank in
+    the checkpoint); the record sums the ranks' counts. The random model's rewards are all 0: every group is constant,
+    so each step makes its 2 tries per rank and trains on what there is."""
+    flags = ("--dynamic-sampling", "--dynamic-sampling-max-tries", "2")
+    first = _torchrun(tmp_path, 2, "--max-steps", "1", *flags)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = _torchrun(tmp_path, 2, "--max-steps", "2", "--resume", *flags)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    out = tmp_path / "run"
+    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["completions"] == 16 and r["ds_capped"] is True and r["ds_tries"] == 2
+        # per rank: 2 groups, then 2 more; 2 of the 4 constant groups filled in
+        assert (r["ds_resampled"], r["ds_constant"], r["ds_filled"], r["ds_rollouts"]) == (4, 8, 4, 32)
+    state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
+    a, b = (rngs["resample"] for rngs in state["rank_rngs"])
+    assert a != b and a == state["rng"]["resample"]  # each rank's own stream; rank 0's is also the main one
+
+
 def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
     from train import loop
     from train.distributed import Dist

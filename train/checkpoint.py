@@ -33,23 +33,36 @@ class CheckpointError(TrainError):
 # ----------------------------------------------------------------------------------------------------- RNG states
 
 
-def rng_snapshot(task_rng: random.Random) -> dict:
-    """Every generator a training step draws from: torch (sampling), the task's problem sampler, CUDA. Plain values:
-    the `random.Random` state as [version, [625 ints], gauss_next]."""
-    version, internal, gauss = task_rng.getstate()
-    return {
+def _random_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def rng_snapshot(task_rng: random.Random, resample_rng: random.Random | None = None) -> dict:
+    """Every generator a training step draws from: torch (sampling), the task's problem sampler, CUDA, and with
+    --dynamic-sampling the sampler of its extra problems ("resample"; absent otherwise). Plain values: a
+    `random.Random` state as [version, [625 ints], gauss_next]."""
+    snap = {
         "torch": torch.get_rng_state(),
-        "task": [version, list(internal), gauss],
+        "task": _random_state(task_rng),
         "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else None,
     }
+    if resample_rng is not None:
+        snap["resample"] = _random_state(resample_rng)
+    return snap
 
 
-def restore_rng(rngs: dict, task_rng: random.Random) -> None:
+def restore_rng(rngs: dict, task_rng: random.Random, resample_rng: random.Random | None = None) -> None:
+    """The inverse of `rng_snapshot`. A snapshot without "resample" (a run that did not sample dynamically) leaves
+    `resample_rng` at its seed."""
     torch.set_rng_state(rngs["torch"])
     if rngs["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rngs["cuda"])
     version, internal, gauss = rngs["task"]
     task_rng.setstate((version, tuple(internal), gauss))
+    if resample_rng is not None and rngs.get("resample") is not None:
+        version, internal, gauss = rngs["resample"]
+        resample_rng.setstate((version, tuple(internal), gauss))
 
 
 # ----------------------------------------------------------------------------------------------------- files
@@ -188,18 +201,8 @@ def read_checkpoint(file: Path) -> dict:
     )
     rng = ck["rng"]
     _require(isinstance(rng.get("torch"), Tensor) and rng["torch"].dtype == torch.uint8, file, what, "bad torch RNG")
-    task = rng.get("task")
-    _require(
-        isinstance(task, list | tuple)
-        and len(task) == 3
-        and isinstance(task[0], int)
-        and isinstance(task[1], list | tuple)
-        and all(isinstance(x, int) for x in task[1])
-        and (task[2] is None or isinstance(task[2], float)),
-        file,
-        what,
-        "bad task RNG state",
-    )
+    _require(_is_random_state(rng.get("task")), file, what, "bad task RNG state")
+    _require("resample" not in rng or _is_random_state(rng["resample"]), file, what, "bad resample RNG state")
     cuda = rng.get("cuda")
     _require(cuda is None or (isinstance(cuda, list) and all(isinstance(t, Tensor) for t in cuda)), file, what, "cuda")
     loop = ck["loop"]
@@ -213,7 +216,27 @@ def read_checkpoint(file: Path) -> dict:
     return ck
 
 
-def restore_checkpoint(ck: dict, file: Path, model, optimizer, scheduler, task_rng: random.Random) -> None:
+def _is_random_state(state) -> bool:
+    """A `random.Random` state as `rng_snapshot` stores it."""
+    return (
+        isinstance(state, list | tuple)
+        and len(state) == 3
+        and isinstance(state[0], int)
+        and isinstance(state[1], list | tuple)
+        and all(isinstance(x, int) for x in state[1])
+        and (state[2] is None or isinstance(state[2], float))
+    )
+
+
+def restore_checkpoint(
+    ck: dict,
+    file: Path,
+    model,
+    optimizer,
+    scheduler,
+    task_rng: random.Random,
+    resample_rng: random.Random | None = None,
+) -> None:
     """Put a `read_checkpoint` state into the model (trained weights, by name and shape), optimizer, scheduler and the
     RNGs."""
     what = "checkpoint for this model"
@@ -235,7 +258,7 @@ def restore_checkpoint(ck: dict, file: Path, model, optimizer, scheduler, task_r
                 params[name].copy_(value)
         optimizer.load_state_dict(ck["optimizer"])
         scheduler.load_state_dict(ck["scheduler"])
-        restore_rng(ck["rng"], task_rng)
+        restore_rng(ck["rng"], task_rng, resample_rng)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointError(f"{file}: could not restore the run from it: {type(exc).__name__}: {exc}") from exc
 

@@ -167,6 +167,12 @@ class TrainConfig:
     # false: stop the run instead (nothing non-finite is ever saved)
     step_guard: bool = True
     ppo_epochs: Annotated[int, Range(ge=1)] = 1  # passes per rollout batch (> 1: old-policy log-probs, no-grad op)
+    # DAPO dynamic sampling: drop the groups whose rewards are all equal and roll out new prompts (a stream of their
+    # own, per rank) until the batch has prompts_per_step informative groups (train/README.md, "Dynamic sampling")
+    dynamic_sampling: bool = False
+    # rollouts per step, the first included, before dynamic sampling trains on what there is (the informative groups,
+    # filled up with the first constant ones; the record's ds_capped)
+    dynamic_sampling_max_tries: Annotated[int, Range(ge=1)] = 4
     train_layers: Annotated[int, Range(ge=-1)] = 12  # train only the top N decoder layers (+ final norm); -1 = all
     train_lm_head: bool = False  # train the LM head (tied to the embeddings in SmolLM2)
     lora: bool = False  # LoRA adapters through peft instead of full fine-tuning
@@ -202,6 +208,12 @@ class TrainConfig:
                 f"data_path={self.data_path!r} is read by the tasks {' and '.join(DATA_TASKS)} only; "
                 f"task={self.task!r} would ignore it",
             )
+        for name, needs, default in (
+            ("dynamic_sampling_max_tries", "dynamic_sampling", 4),
+        ):
+            value = getattr(self, name)
+            if value != default and not getattr(self, needs):
+                raise ConfigError(name, f"{name}={value!r} has no effect without {needs}: set {needs} too")
         if self.train_layers == 0 and not self.train_lm_head and not self.lora:
             raise ConfigError("train_layers", "train_layers=0 without train_lm_head or lora: nothing would be trained")
         try:

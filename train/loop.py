@@ -46,6 +46,7 @@ from train.rundir import open_output_dir
 from train.setup import (
     Run,
     completion_targets,
+    concat_batches,
     kl_from_init,
     progress_bar,
     reference_logprobs,
@@ -109,6 +110,106 @@ def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
     """The live collapse flag of a step record: the low-entropy rule of train/stability.py with the run's
     `collapse_window` and `collapse_entropy` (the study also checks the entropy blow-up rule, from the records)."""
     return low_entropy_collapse(history, collapse_rules(cfg))
+
+
+# ----------------------------------------------------------------------------------------------------- rollouts
+
+
+def roll(run: Run, problems: list) -> Batch:
+    """`group_size` sampled completions of each problem, scored (HF generate, or the vLLM engine)."""
+    cfg = run.cfg
+    return rollout(
+        run.model,
+        run.tok,
+        problems,
+        group_size=cfg.group_size,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        system_prompt=run.system_prompt,
+        format_weight=cfg.format_reward_weight,
+        engine=run.engine,
+    )
+
+
+def constant_groups(rewards: Tensor, group_size: int) -> list[bool]:
+    """Per group of `group_size` consecutive rewards: are they all equal (solved, all-fail, or any other tie)? Such a
+    group carries no relative signal: its group-relative advantages are all 0."""
+    r = rewards.reshape(-1, group_size)
+    return (r.max(dim=1).values == r.min(dim=1).values).tolist()
+
+
+def select_groups(batch: Batch, groups: list[int], group_size: int) -> Batch:
+    """The rows of `groups` (group indices, in the order given) of a batch."""
+    rows = [g * group_size + j for g in groups for j in range(group_size)]
+
+    def take(t: Tensor) -> Tensor:
+        return t[torch.tensor(rows, device=t.device)]
+
+    return Batch(
+        take(batch.prompt_ids),
+        take(batch.prompt_mask),
+        take(batch.completion_ids),
+        take(batch.completion_mask),
+        [batch.texts[i] for i in rows],
+        take(batch.rewards),
+        take(batch.correct),
+    )
+
+
+def dynamic_sampling(run: Run, batch: Batch) -> tuple[Batch, dict]:
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, section 3.2; the seed's "Dynamic Resource
+    Re-allocation", grpo-stability-experiments.md 3.1: cull the solved prompts and spend their sampling budget on
+    others). A group whose rewards are all equal (`constant_groups`: solved or all-fail) is dropped, and the missing
+    number of problems is drawn from `run.resample_rng` and rolled out, until the batch holds as many informative
+    groups as it had groups (prompts_per_step, or this rank's share of them) or `dynamic_sampling_max_tries`
+    rollouts (the first included) were made. Then, if it is short, it trains on what there is: the informative groups
+    filled up with the first constant groups drawn, so the batch keeps its size (under torchrun every rank keeps
+    equal numbers of completions, which the loss's rank decomposition needs; a constant group adds no policy gradient
+    under the group-relative advantages, only to the denominators, as it did without dynamic sampling).
+
+    The kept groups stay in the order drawn. -> (the batch to train on, this rank's counts: "tries" (rollouts),
+    "resampled" (groups drawn after the first rollout: as many as the constant groups dropped), "constant" (constant
+    groups among all drawn: dropped or filled in), "filled" (constant groups trained because the cap was hit),
+    "capped" (fewer informative groups than needed), "rollouts" (completions generated), "reward_sum" (over every
+    completion generated)). With one rollout (no constant group, or a cap of 1) the batch is returned as it was."""
+    cfg, g = run.cfg, run.cfg.group_size
+    need = len(batch.texts) // g
+    drawn, const = [batch], constant_groups(batch.rewards, g)
+    while const.count(False) < need and len(drawn) < cfg.dynamic_sampling_max_tries:
+        more = roll(run, run.task.sample(need - const.count(False), run.resample_rng))
+        drawn.append(more)
+        const += constant_groups(more.rewards, g)
+    informative = [i for i, c in enumerate(const) if not c]
+    filled = [i for i, c in enumerate(const) if c][: need - len(informative)]
+    keep = sorted(informative + filled)
+    counts = {
+        "tries": len(drawn),
+        "resampled": len(const) - need,
+        "constant": const.count(True),
+        "filled": len(filled),
+        "capped": len(informative) < need,
+        "rollouts": len(const) * g,
+        "reward_sum": float(sum(b.rewards.sum() for b in drawn)),
+    }
+    if len(drawn) == 1:  # one rollout: every group is kept (informative, or filled in)
+        return batch, counts
+    return select_groups(concat_batches(drawn, run.tok.pad_token_id), keep, g), counts
+
+
+def resampling_record(run: Run, counts: dict) -> dict:
+    """The record's dynamic-sampling fields, over every rank of a torchrun job (one gather of plain numbers)."""
+    parts = run.dist.objects(counts)
+    total = sum(p["rollouts"] for p in parts)
+    return {
+        "ds_tries": max(p["tries"] for p in parts),
+        "ds_resampled": sum(p["resampled"] for p in parts),
+        "ds_constant": sum(p["constant"] for p in parts),
+        "ds_filled": sum(p["filled"] for p in parts),
+        "ds_capped": any(p["capped"] for p in parts),
+        "ds_rollouts": total,
+        "ds_reward_mean_drawn": sum(p["reward_sum"] for p in parts) / total,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------- one step
@@ -255,11 +356,19 @@ NO_LOSS = {
 
 
 def step_record(
-    run: Run, step: int, batch: Batch, groups: GroupSignals, update: Update, t0: float, t_gen: float
+    run: Run,
+    step: int,
+    batch: Batch,
+    groups: GroupSignals,
+    update: Update,
+    t0: float,
+    t_gen: float,
+    resampled: dict | None = None,
 ) -> dict:
     """The metrics.jsonl record of a step (its "kl" phase fills in `kl_from_init`, null on steps without a probe;
     its "log" phase adds `collapse`). The device-side numbers (advantage stats, the last epoch's loss metrics, the
-    token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here."""
+    token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here. The fields of
+    --dynamic-sampling (ds_*) are there only when it is on."""
     on_device = {"zero_var_frac": groups.stats["zero_variance_frac"], "n_tok": batch.completion_mask.sum()}
     m = update.metrics
     if m is not None:
@@ -286,7 +395,7 @@ def step_record(
     n_tok = int(round(v["n_tok"]))
     n_seq = len(rewards)
     step_s = time.time() - t0
-    return {
+    record = {
         "step": step,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if n_seq > 1 else 0.0,
@@ -312,6 +421,9 @@ def step_record(
         "train_peak_mem_mb": train_peak_mem_mb(run.device),
         "sample": batch.texts[0],
     }
+    if resampled is not None:
+        record |= resampling_record(run, resampled)
+    return record
 
 
 def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:
@@ -334,18 +446,10 @@ def train_step(run: Run, state: LoopState) -> None:
     if run.dist.enabled:  # this rank's whole groups
         share = cfg.prompts_per_step // run.dist.world
         problems = problems[run.dist.rank * share : (run.dist.rank + 1) * share]
-    batch = rollout(
-        run.model,
-        run.tok,
-        problems,
-        group_size=cfg.group_size,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        system_prompt=run.system_prompt,
-        format_weight=cfg.format_reward_weight,
-        engine=run.engine,
-    )
+    batch = roll(run, problems)
+    resampled = None
+    if cfg.dynamic_sampling:  # constant groups dropped, replaced by new problems of this rank's own stream
+        batch, resampled = dynamic_sampling(run, batch)
     t_gen = time.time() - t0
     rewards = batch.rewards.to(run.device)
     groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
@@ -353,14 +457,14 @@ def train_step(run: Run, state: LoopState) -> None:
     try:
         update = policy_update(run, state, batch, groups)  # holds signals from its first optimizer step on
         STOP.hold()
-        record = step_record(run, state.step + 1, batch, groups, update, t0, t_gen)
+        record = step_record(run, state.step + 1, batch, groups, update, t0, t_gen, resampled)
     except BaseException:
         STOP.release(raise_pending=False)
         if update is not None and update.skipped < cfg.ppo_epochs:
             state.torn = True  # an optimizer step was applied but cannot be counted
         raise
     state.step += 1  # the commit
-    state.rngs = rng_snapshot(run.task_rng)
+    state.rngs = rng_snapshot(run.task_rng, run.resample_rng)
     state.record = record
     state.pending = post_step_phases(cfg, state.step)
     state.finished = state.stopped_by_time_budget = False

@@ -152,6 +152,9 @@ class Run:
     guard: StepGuard  # undo of an optimizer step (non-finite weights after it, or an exception inside it)
     policy: torch.nn.Module  # PolicyHidden of `model`: the training forward (DDP-wrapped under torchrun)
     dist: Dist = ALONE  # this process's place in a torchrun job
+    # --dynamic-sampling: draws the problems that replace dropped groups (this rank's own stream, saved in checkpoints;
+    # `task_rng` stays the shared draw of every step's first prompts); None otherwise
+    resample_rng: random.Random | None = None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -208,6 +211,7 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         seed=cfg.seed,
     )
     task_rng = random.Random(cfg.seed)
+    resample_rng = random.Random(f"resample-{cfg.seed}-{ctx.rank}") if cfg.dynamic_sampling else None
     heldout = task.heldout(cfg.eval_problems, cfg.seed)
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
     probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)
@@ -233,6 +237,7 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         guard=StepGuard([(n, p) for n, p in model.named_parameters() if p.requires_grad], optimizer),
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
+        resample_rng=resample_rng,
     )
 
 

@@ -39,7 +39,7 @@ class LoopState:
 
 
 def fresh_state(run: Run) -> LoopState:
-    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), pending=["before"])
+    return LoopState(step=0, rngs=rng_snapshot(run.task_rng, run.resample_rng), pending=["before"])
 
 
 def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
@@ -50,11 +50,11 @@ def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
     unknown = [p for p in loop["pending"] if p not in PHASES]
     if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
         raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
-    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
+    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng, run.resample_rng)
     rngs = ckpt["rng"]
     if run.dist.enabled:  # this rank's own sampling stream (the open_output_dir check made the world sizes equal)
         rngs = ckpt["rank_rngs"][run.dist.rank]
-        restore_rng(rngs, run.task_rng)
+        restore_rng(rngs, run.task_rng, run.resample_rng)
     if run.engine is not None:
         run.engine.sync(run.model)
     state = LoopState(step=ckpt["step"], rngs=rngs, **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})

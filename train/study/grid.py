@@ -16,9 +16,14 @@ class Arm:
     preset: str
     loss: str = ""  # LossConfig overrides on the preset; "" = the preset exactly as defined
     about: str = ""
+    # trainer flags of the arm's method ({field: value}, as `python -m train --FIELD VALUE` takes them), for methods
+    # that are trainer options rather than loss fields (dynamic sampling); a regime or
+    # --set may not set them too
+    train: dict[str, str] = field(default_factory=dict, hash=False)
 
     def as_dict(self) -> dict:
-        return {"preset": self.preset, "loss": self.loss, "about": self.about}
+        out = {"preset": self.preset, "loss": self.loss, "about": self.about}
+        return out | ({"train": dict(self.train)} if self.train else {})  # (the manifests of the other arms unchanged)
 
 
 # The arms of the S-GRPO proposal's comparison (../shared/seeds/s-grpo-reference-free.md), plus the naive reference-free
@@ -61,6 +66,9 @@ RESEARCH_ARMS: dict[str, Arm] = {
             "S-GRPO with the derived per-group filter H_thr = min(ln n_eff, ln |V|) (entropy_filter=coverage)"),
         Arm("s_grpo_pc", "s_grpo", f"{PRESET_LOSS_DEFAULTS['s_grpo']},prob_compensation=positive",
             "the s_grpo arm + probability compensation C = min(2 - p/p_max, 1 + eps) on positive completions"),
+        Arm("s_grpo_ds", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+            "the s_grpo arm + DAPO dynamic sampling (constant groups dropped and resampled, at most 4 rollouts a step)",
+            train={"dynamic_sampling": "true", "dynamic_sampling_max_tries": "4"}),
     )
 }  # fmt: skip
 
@@ -123,6 +131,8 @@ class RunSpec:
     def argv(self, threads: int, resume: bool) -> list[str]:
         args = [sys.executable, "-m", "train", "--output-dir", str(self.work_dir), "--seed", str(self.seed)]
         args += ["--preset", self.arm.preset, "--loss", self.arm.loss, "--threads", str(threads), "--progress", "false"]
+        for k, v in self.arm.train.items():
+            args += [f"--{k.replace('_', '-')}", v]
         for k, v in self.overrides.items():
             args += [f"--{k.replace('_', '-')}", v]
         args.append("--resume" if resume else "--overwrite")
@@ -146,6 +156,10 @@ def grid(arms: list[str], seeds: list[int], overrides: dict[str, str], work: Pat
     unknown = [a for a in arms if a not in known]
     if unknown:
         raise ValueError(f"--arms: unknown arm(s) {unknown}; expected names from {sorted(known)}")
+    for a in arms:
+        both = sorted(set(known[a].train) & set(overrides))
+        if both:
+            raise ValueError(f"arm {a!r} sets {both} itself (its method); the regime or --set may not override them")
     return [
         RunSpec(known[a], s, dict(overrides), work / a / f"seed{s}", results / "runs" / a / f"seed{s}")
         for s in seeds

@@ -1,0 +1,41 @@
+"""The study arms of trainer options (Arm.train): RunSpec.argv passes their flags, the trainer accepts them and gets
+the intended TrainConfig, the manifests of the other arms stay as they were, and a regime or --set cannot override
+an arm's own flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from train.study.grid import ARMS, RESEARCH_ARMS, grid
+
+# arm -> the TrainConfig fields its trainer flags set
+TRAIN_ARMS = {
+    "s_grpo_ds": {"dynamic_sampling": True, "dynamic_sampling_max_tries": 4},
+}
+
+
+def test_arms_of_trainer_options_pass_their_flags(tmp_path):
+    specs = {s.arm.name: s for s in grid(list(TRAIN_ARMS), [0], {"max_steps": "5"}, tmp_path / "w", tmp_path / "r")}
+    for name, fields in TRAIN_ARMS.items():
+        spec = specs[name]
+        argv = spec.argv(threads=1, resume=False)
+        for key, value in spec.arm.train.items():
+            flag = "--" + key.replace("_", "-")
+            assert argv[argv.index(flag) + 1] == value, (name, flag)
+        assert argv[argv.index("--max-steps") + 1] == "5"  # the regime's overrides still apply
+        cfg = spec.config()
+        assert {k: getattr(cfg, k) for k in fields} == fields, name
+        assert spec.arm.as_dict()["train"] == spec.arm.train
+    assert {n for n, a in RESEARCH_ARMS.items() if a.train} == set(TRAIN_ARMS)
+
+
+def test_the_other_arms_are_unchanged():
+    for arm in {**ARMS, **RESEARCH_ARMS}.values():
+        if not arm.train:
+            assert arm.as_dict() == {"preset": arm.preset, "loss": arm.loss, "about": arm.about}
+    assert not any(a.train for a in ARMS.values())
+
+
+def test_an_arm_flag_cannot_be_overridden(tmp_path):
+    with pytest.raises(ValueError, match="sets \\['dynamic_sampling'\\] itself"):
+        grid(["s_grpo_ds"], [0], {"dynamic_sampling": "false"}, tmp_path / "w", tmp_path / "r")
