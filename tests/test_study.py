@@ -339,6 +339,8 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
         "s_grpo_coverage": dataclasses.replace(rl.preset("s_grpo"), entropy_filter="coverage"),
         "s_grpo_pc": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75, prob_compensation="positive"),
         "s_grpo_ds": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),  # (trainer flags: Arm.train)
+        "s_grpo_tr": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
+        "s_grpo_gp": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
     }
     assert got == want
 

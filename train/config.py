@@ -173,6 +173,14 @@ class TrainConfig:
     # rollouts per step, the first included, before dynamic sampling trains on what there is (the informative groups,
     # filled up with the first constant ones; the record's ds_capped)
     dynamic_sampling_max_tries: Annotated[int, Range(ge=1)] = 4
+    # trust region: after each optimizer step the step theta - theta_old of all trained weights together is projected
+    # onto the L2 ball of this radius (train/README.md, "Trust region"); 0 = off
+    trust_region: Annotated[float, Range(ge=0)] = 0.0
+    # gradient penalty lambda: adds lambda/2 * max(0, ||g|| - gamma)^2 of the loss's gradient g; its gradient comes from
+    # one more forward and backward at a finite-difference point (train/README.md, "Gradient penalty"); 0 = off
+    grad_penalty: Annotated[float, Range(ge=0)] = 0.0
+    grad_penalty_gamma: Annotated[float, Range(ge=0)] = 0.0  # gradient penalty gamma: the gradient norm left free
+    grad_penalty_radius: Annotated[float, Range(gt=0)] = 0.01  # gradient penalty r: finite-difference step along g/|g|
     train_layers: Annotated[int, Range(ge=-1)] = 12  # train only the top N decoder layers (+ final norm); -1 = all
     train_lm_head: bool = False  # train the LM head (tied to the embeddings in SmolLM2)
     lora: bool = False  # LoRA adapters through peft instead of full fine-tuning
@@ -210,6 +218,8 @@ class TrainConfig:
             )
         for name, needs, default in (
             ("dynamic_sampling_max_tries", "dynamic_sampling", 4),
+            ("grad_penalty_gamma", "grad_penalty", 0.0),
+            ("grad_penalty_radius", "grad_penalty", 0.01),
         ):
             value = getattr(self, name)
             if value != default and not getattr(self, needs):

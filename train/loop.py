@@ -24,7 +24,8 @@ import math
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -212,7 +213,73 @@ def resampling_record(run: Run, counts: dict) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------------------------------- one step
+# ----------------------------------------------------------------------------------------------------- the update
+
+
+def _norm(tensors) -> float:
+    """The L2 norm of tensors taken together as one vector, accumulated in float64."""
+    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+@torch.no_grad()
+def project_step(params: list[Tensor], old: list[Tensor], delta: float) -> tuple[float, float]:
+    """The trust region on parameters (s-grpo-reference-free.md, Research Directions 3, "Alternative
+    Regularization": ||theta - theta_old|| <= delta). The step d = theta - theta_old of all `params` taken together
+    as one vector (`old`: their values before the optimizer step) is projected onto the Euclidean ball of radius
+    delta:
+
+        theta <- theta_old + d * min(1, delta / ||d||_2)
+
+    the closest point of the ball (computed in the weights' dtype: the result is inside the ball up to their rounding,
+    half an ulp per weight). A step inside it is left untouched; so is a non-finite one (the step guard deals with
+    it). -> (||d|| before, ||d|| after), accumulated in float64."""
+    before = _norm(p - o for p, o in zip(params, old))
+    if not math.isfinite(before) or before <= delta:
+        return before, before
+    f = delta / before
+    for p, o in zip(params, old):
+        p.copy_(o.lerp(p, f))  # o + f * (p - o)
+    return before, _norm(p - o for p, o in zip(params, old))
+
+
+def penalize_gradient(
+    params: list[torch.nn.Parameter], backward_at: Callable[[], None], lam: float, gamma: float, radius: float
+) -> dict[str, float]:
+    """The gradient penalty (s-grpo-reference-free.md, Research Directions 3: "||grad|| <= gamma", as a penalty
+    rather than only the clipping). With g = grad L in the `.grad` of `params` (the whole batch's gradient, after
+    DDP's average), it is replaced by the gradient of
+
+        L + lam/2 * max(0, ||g|| - gamma)^2,   that is   g + lam * max(0, ||g|| - gamma) * H u,   u = g / ||g||,
+
+    H the Hessian of L. The op has no double backward (torch.autograd.grad(create_graph=True) through
+    `linear_logprobs` fails: its backward op has no autograd formula), so H u is a finite difference of gradients,
+    H u ~ (grad L(theta + r u) - g) / r: exact for a quadratic L, O(r) off otherwise (the approximation of Zhao, Zhang
+    and Hu 2022, "Penalizing Gradient Norm for Efficiently Improving Generalization in Deep Learning").
+    `backward_at()` runs the loss's forward and backward at the current weights; it is called once, at theta + r u,
+    only when ||g|| > gamma (the weights are then put back exactly). Gradient clipping still applies afterwards.
+    -> {"grad_norm": ||g||, "penalty": the penalty's value, "hvp_norm": ||H u|| (nan when inactive), "active": 0/1}."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    norm = _norm(grads)
+    excess = max(0.0, norm - gamma)
+    out = {"grad_norm": norm, "penalty": 0.5 * lam * excess**2, "hvp_norm": math.nan, "active": 0}
+    if not math.isfinite(norm) or excess == 0.0:
+        return out
+    with torch.no_grad():
+        g0 = [g.detach().clone() for g in grads]
+        theta = [p.detach().clone() for p in params]
+        for p, g in zip(params, g0):
+            p.add_(g, alpha=radius / norm)
+            p.grad = None
+    backward_at()
+    with torch.no_grad():
+        for p, t in zip(params, theta):
+            p.copy_(t)
+        diff = [(p.grad if p.grad is not None else torch.zeros_like(p)) - g for p, g in zip(params, g0)]
+        for p, g, d in zip(params, g0, diff):
+            p.grad = g.add_(d, alpha=lam * excess / radius)
+    out.update(hvp_norm=_norm(diff) / radius, active=1)
+    return out
 
 
 @dataclass
@@ -223,6 +290,8 @@ class Update:
     grad_norm: float  # pre-clip norm of the last epoch that got a gradient; nan when none did
     skipped: int  # epochs whose update was dropped (non-finite loss, gradient, or weights after the step)
     notes: list[str]  # what was skipped and why, for the log
+    # the record fields of --trust-region (tr_*) and --grad-penalty (gp_*), only when they are on
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def rank_loss_scale(run: Run, batch: Batch) -> float | None:
@@ -267,40 +336,60 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
         ref_logp = reference_logprobs(run, batch, next(check))
 
     scale = rank_loss_scale(run, batch)  # None: one process, or an aggregation DDP's average already gets right
+
+    def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
+        # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
+        hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        head = lm_head(model)
+        loss, metrics = sgrpo_loss(
+            hidden,
+            head.weight,
+            targets,
+            groups.advantages,
+            batch.completion_mask,
+            run.loss_cfg,
+            temperature=cfg.temperature,
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
+            compute_entropy=True,
+            backend=cfg.backend,
+            check_targets=check_targets,
+            **head.options(),  # bias, logit scale, softcap of this model's head
+        )
+        if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
+            loss = loss * scale
+            metrics = {**metrics, "loss": metrics["loss"] * scale}
+        return loss, metrics
+
     model.train()
     skipped, grad_norm, metrics, notes = 0, float("nan"), None, []
+    extra: dict[str, float] = {}
+    if cfg.trust_region:
+        extra |= {"tr_step_norm": math.nan, "tr_step_norm_after": math.nan, "tr_projected": 0}
+    if cfg.grad_penalty:
+        extra |= {"gp_grad_norm": math.nan, "gp_penalty": math.nan, "gp_hvp_norm": math.nan, "gp_active": 0}
     applied = False  # an optimizer step of this batch may have changed the weights
     try:
         for epoch in range(cfg.ppo_epochs):
             which = f"epoch {epoch + 1}/{cfg.ppo_epochs}"
             run.optimizer.zero_grad(set_to_none=True)
-            # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
-            hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-            head = lm_head(model)
-            loss, metrics = sgrpo_loss(
-                hidden,
-                head.weight,
-                targets,
-                groups.advantages,
-                batch.completion_mask,
-                run.loss_cfg,
-                temperature=cfg.temperature,
-                old_logp=old_logp,
-                ref_logp=ref_logp,
-                **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
-                compute_entropy=True,
-                backend=cfg.backend,
-                check_targets=next(check),
-                **head.options(),  # bias, logit scale, softcap of this model's head
-            )
-            if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
-                loss = loss * scale
-                metrics = {**metrics, "loss": metrics["loss"] * scale}
+            loss, metrics = forward_loss(next(check))
             if run.dist.any(not bool(torch.isfinite(loss))):  # on any rank: every rank skips (they stay in step)
                 skipped += 1  # non-finite loss: no backward, no step; the weights are untouched
                 notes.append(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
                 continue
             loss.backward()
+            if cfg.grad_penalty:  # g -> the gradient of L + lam/2 max(0, |g| - gamma)^2 (a second backward if active)
+                gp = penalize_gradient(
+                    run.params,
+                    lambda: forward_loss(False)[0].backward(),
+                    cfg.grad_penalty,
+                    cfg.grad_penalty_gamma,
+                    cfg.grad_penalty_radius,
+                )
+                extra |= {"gp_grad_norm": gp["grad_norm"], "gp_penalty": gp["penalty"], "gp_hvp_norm": gp["hvp_norm"]}
+                extra["gp_active"] += gp["active"]
             grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm))
             if not math.isfinite(grad_norm):
                 skipped += 1  # non-finite gradient: drop it (Adam state and weights untouched)
@@ -311,8 +400,14 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
             if cfg.step_guard:
                 run.guard.take()
             before, applied = applied, True
+            old = [p.detach().clone() for p in run.params] if cfg.trust_region else None  # theta_old
             try:
                 run.optimizer.step()
+                if old is not None:  # the step projected onto ||theta - theta_old|| <= trust_region
+                    norm, norm_after = project_step(run.params, old, cfg.trust_region)
+                    extra |= {"tr_step_norm": norm, "tr_step_norm_after": norm_after}
+                    extra["tr_projected"] += int(norm > cfg.trust_region)
+                    del old
             except BaseException:
                 if cfg.step_guard and not before:  # cut short inside the batch's first step: undo it entirely
                     run.guard.restore()
@@ -341,7 +436,7 @@ def policy_update(run: Run, state: LoopState, batch: Batch, groups: GroupSignals
     except BaseException:
         state.torn = applied  # weights moved by a step that will never be committed: no checkpoint of this state
         raise
-    return Update(metrics, grad_norm, skipped, notes)
+    return Update(metrics, grad_norm, skipped, notes, extra)
 
 
 # The loss values of a record when no loss was computed (ppo_epochs = 0): what such a record has always said.
@@ -368,7 +463,7 @@ def step_record(
     """The metrics.jsonl record of a step (its "kl" phase fills in `kl_from_init`, null on steps without a probe;
     its "log" phase adds `collapse`). The device-side numbers (advantage stats, the last epoch's loss metrics, the
     token count) reach the host in one copy; a metric the RL layer stops reporting is a KeyError here. The fields of
-    --dynamic-sampling (ds_*) are there only when it is on."""
+    the options that are off by default (ds_*, tr_*, gp_*) are there only when their option is on."""
     on_device = {"zero_var_frac": groups.stats["zero_variance_frac"], "n_tok": batch.completion_mask.sum()}
     m = update.metrics
     if m is not None:
@@ -423,7 +518,7 @@ def step_record(
     }
     if resampled is not None:
         record |= resampling_record(run, resampled)
-    return record
+    return record | update.extra
 
 
 def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:

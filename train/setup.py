@@ -19,6 +19,7 @@ from sgrpo_kernels.validation import check_target_values
 from train.checkpoint import load_probe, save_probe
 from train.config import TrainConfig
 from train.distributed import ALONE, Dist
+from train.errors import Refused
 from train.guard import StepGuard
 from train.metrics import write_json
 from train.model import (
@@ -194,6 +195,11 @@ def setup(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     if cfg.lora:
         model = add_lora(model, cfg.lora_r, cfg.lora_alpha)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)
+    if cfg.grad_penalty and any(p.dtype not in (torch.float32, torch.float64) for p in params):
+        raise Refused(
+            f"--grad-penalty needs float32 weights (these are {params[0].dtype}): its finite-difference step of "
+            f"{cfg.grad_penalty_radius} spread over the weights is below bfloat16's resolution; use --dtype float32"
+        )
     print(
         f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
         f"{sum(p.numel() for p in params) / 1e6:.1f}M trained, {dtype}, {device}; loss preset {loss_cfg.name}"

@@ -17,7 +17,7 @@ class Arm:
     loss: str = ""  # LossConfig overrides on the preset; "" = the preset exactly as defined
     about: str = ""
     # trainer flags of the arm's method ({field: value}, as `python -m train --FIELD VALUE` takes them), for methods
-    # that are trainer options rather than loss fields (dynamic sampling); a regime or
+    # that are trainer options rather than loss fields (dynamic sampling, trust region, gradient penalty); a regime or
     # --set may not set them too
     train: dict[str, str] = field(default_factory=dict, hash=False)
 
@@ -69,6 +69,16 @@ RESEARCH_ARMS: dict[str, Arm] = {
         Arm("s_grpo_ds", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
             "the s_grpo arm + DAPO dynamic sampling (constant groups dropped and resampled, at most 4 rollouts a step)",
             train={"dynamic_sampling": "true", "dynamic_sampling_max_tries": "4"}),
+        # delta 0.1: the default job's AdamW steps measured 0.08, 0.12, 0.14, 0.17 over its first 4 steps (warm-up to
+        # lr 5e-5), so the ball binds from the full learning rate on
+        Arm("s_grpo_tr", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+            "the s_grpo arm + trust region ||theta - theta_old|| <= 0.1 (each step projected onto the ball)",
+            train={"trust_region": "0.1"}),
+        # gamma 1 = the clip norm; lambda 0.05: ||H u|| measured 3 to 27 over the first 4 steps with ||g|| 0.75 to 1.9,
+        # so the penalty's term lambda (||g|| - gamma) ||H u|| is up to ~1, the gradient's own scale
+        Arm("s_grpo_gp", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+            "the s_grpo arm + gradient penalty 0.05/2 max(0, ||g|| - 1)^2 (finite-difference Hessian-vector product)",
+            train={"grad_penalty": "0.05", "grad_penalty_gamma": "1.0"}),
     )
 }  # fmt: skip
 
