@@ -353,9 +353,8 @@ def linear_logprobs(
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
         logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
-        if want_max:
-            return logp.view(lead), (entropy.view(lead) if return_entropy else None), _max_logprob(stats, lead)
-    return logp.view(lead), (entropy.view(lead) if return_entropy else None)
+    out = (logp.view(lead), entropy.view(lead) if return_entropy else None)
+    return out + (_max_logprob(stats, lead),) if want_max else out  # want_max is refused with process_group
 
 
 def logprobs_from_logits(
@@ -399,18 +398,16 @@ def logprobs_from_logits(
             "grad, with its own gradient; pass a non-leaf buffer (e.g. the output of the LM-head matmul) or use "
             "inplace_backward=False"
         )
+    want_max = _check_max_logprob(return_max_logprob, shard, "logprobs_from_logits")
     call = Call(
         backend=resolve(backend, logits.device),
         check_targets=_check_targets(check_targets),
         opts=Options(
             temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy,
-            need_stats=torch.is_grad_enabled() and logits.requires_grad, memory_budget=_budget(memory_budget),
-            inplace_backward=inplace_backward,
+            need_stats=(torch.is_grad_enabled() and logits.requires_grad) or want_max,
+            memory_budget=_budget(memory_budget), inplace_backward=inplace_backward,
         ),
     )
-    want_max = _check_max_logprob(return_max_logprob, shard, "logprobs_from_logits")
-    if want_max:
-        call = dataclasses.replace(call, opts=dataclasses.replace(call.opts, need_stats=True))
     lead = targets.shape
     t1 = targets.reshape(-1).long()
     l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
@@ -425,6 +422,5 @@ def logprobs_from_logits(
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
         logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
-        if want_max:
-            return logp.view(lead), (entropy.view(lead) if return_entropy else None), _max_logprob(stats, lead)
-    return logp.view(lead), (entropy.view(lead) if return_entropy else None)
+    out = (logp.view(lead), entropy.view(lead) if return_entropy else None)
+    return out + (_max_logprob(stats, lead),) if want_max else out  # want_max is refused with process_group

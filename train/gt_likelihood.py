@@ -89,8 +89,9 @@ def gt_likelihood(
     for start in range(0, n, batch_size):
         rows = []
         for i in range(start, min(n, start + batch_size)):
-            context = prompt_texts[i] + reasoning_of(completions[i])
-            context = (context.rstrip() + " " if reasoning_of(completions[i]) else context) + answer_prefix
+            reasoning = reasoning_of(completions[i])
+            context = (prompt_texts[i] + reasoning).rstrip() + " " if reasoning else prompt_texts[i]
+            context += answer_prefix
             ctx, ans = _context_and_answer(tok, context, str(answers[i]))
             if not ans:
                 raise ValueError(f"answers[{i}]={answers[i]!r} tokenizes to nothing")
