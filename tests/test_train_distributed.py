@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import socket
 import subprocess
 import sys
+import textwrap
+import traceback
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ import torch
 pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from procs import spawn  # noqa: E402
 
 from train.config import TrainConfig  # noqa: E402
 
@@ -53,6 +56,26 @@ REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0,
 
 
 def _update(rank: int, world: int, port: int, out: str, result: str, name: str = "grpo_nokl") -> None:
+    """`_update_on` inside this rank's process group. The group is destroyed only after the DDP-wrapped model is
+    gone (it is local to `_update_on`): a reducer outliving the group hangs the process at exit
+    (train.distributed.shutdown)."""
+    torch.set_num_threads(1)
+    if world > 1:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+        # a collective that waits longer than this fails (the job then fails) instead of hanging the test
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
+    try:
+        _update_on(rank, world, out, result, name)
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)  # a failure's frames would keep the DDP model alive
+        raise
+    finally:
+        if world > 1:
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
     """One `policy_update` of the trainer (ppo_epochs optimizer steps) on this rank's share of a fixed global batch of
     16 completions (uneven lengths, varied rewards); rank 0 saves the change of every trained weight. The optimizer is
     plain SGD with lr 1 (no clipping at max_grad_norm 100), so the change is minus the gradient: a wrongly scaled
@@ -65,40 +88,31 @@ def _update(rank: int, world: int, port: int, out: str, result: str, name: str =
     from train.setup import setup
     from train.state import fresh_state
 
-    torch.set_num_threads(1)
-    if world > 1:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        # a collective that waits longer than this fails (the job then fails) instead of hanging the test
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
     ctx = Dist(rank=rank, world=world) if world > 1 else ALONE
     preset, loss, epochs = SAME_BATCH[name]
-    try:
-        cfg = _cfg(Path(out) / f"{name}w{world}r{rank}", kl_every=0, preset=preset, loss=loss, ppo_epochs=epochs)
-        run = setup(cfg, ctx=ctx)
-        run.optimizer = torch.optim.SGD(run.params, lr=1.0)
-        run.guard = StepGuard([(n, p) for n, p in run.model.named_parameters() if p.requires_grad], run.optimizer)
-        before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
-        problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
-        torch.manual_seed(123)  # the same global batch on every rank and in both jobs
-        full = rollout(run.model, run.tok, problems, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                       temperature=cfg.temperature, top_p=1.0)  # fmt: skip
-        assert len(full.texts) == len(LENGTHS) and full.completion_ids.shape[1] == 6
-        short = torch.arange(6).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)
-        mask = full.completion_mask & short
-        n = len(full.texts) // world
-        rows = slice(rank * n, (rank + 1) * n)
-        rewards = torch.tensor(REWARDS)[rows]
-        batch = Batch(full.prompt_ids[rows], full.prompt_mask[rows], full.completion_ids[rows], mask[rows],
-                      full.texts[rows], rewards, rewards > 0)  # fmt: skip
-        groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
-        update = policy_update(run, fresh_state(run), batch, groups)
-        assert update.skipped == 0 and update.grad_norm > 0
-        if rank == 0:
-            after = {n: p.detach() for n, p in run.model.named_parameters() if p.requires_grad}
-            torch.save({n: after[n] - before[n] for n in after}, result)
-    finally:
-        if world > 1:
-            dist.destroy_process_group()
+    cfg = _cfg(Path(out) / f"{name}w{world}r{rank}", kl_every=0, preset=preset, loss=loss, ppo_epochs=epochs)
+    run = setup(cfg, ctx=ctx)
+    run.optimizer = torch.optim.SGD(run.params, lr=1.0)
+    run.guard = StepGuard([(n, p) for n, p in run.model.named_parameters() if p.requires_grad], run.optimizer)
+    before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
+    problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
+    torch.manual_seed(123)  # the same global batch on every rank and in both jobs
+    full = rollout(run.model, run.tok, problems, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                   temperature=cfg.temperature, top_p=1.0)  # fmt: skip
+    assert len(full.texts) == len(LENGTHS) and full.completion_ids.shape[1] == 6
+    short = torch.arange(6).unsqueeze(0) < torch.tensor(LENGTHS).unsqueeze(1)
+    mask = full.completion_mask & short
+    n = len(full.texts) // world
+    rows = slice(rank * n, (rank + 1) * n)
+    rewards = torch.tensor(REWARDS)[rows]
+    batch = Batch(full.prompt_ids[rows], full.prompt_mask[rows], full.completion_ids[rows], mask[rows],
+                  full.texts[rows], rewards, rewards > 0)  # fmt: skip
+    groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
+    update = policy_update(run, fresh_state(run), batch, groups)
+    assert update.skipped == 0 and update.grad_norm > 0
+    if rank == 0:
+        after = {n: p.detach() for n, p in run.model.named_parameters() if p.requires_grad}
+        torch.save({n: after[n] - before[n] for n in after}, result)
 
 
 def _port() -> int:
@@ -113,7 +127,7 @@ def test_two_process_update_equals_one_process_update(tmp_path, name):
     equal to 2e-6 of the largest change (the same fp32 sums in another order)."""
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     _update(0, 1, 0, str(tmp_path), str(one), name)
-    mp.spawn(_update, args=(2, _port(), str(tmp_path), str(two), name), nprocs=2, join=True)
+    spawn(_update, (2, _port(), str(tmp_path), str(two), name), nprocs=2)
     a, b = torch.load(one), torch.load(two)
     assert a.keys() == b.keys() and len(a) > 0
     scale = max(v.abs().max().item() for v in a.values())
@@ -182,6 +196,40 @@ def test_torchrun_dynamic_sampling_resamples_per_rank_and_resumes(tmp_path):
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
     a, b = (rngs["resample"] for rngs in state["rank_rngs"])
     assert a != b and a == state["rng"]["resample"]  # each rank's own stream; rank 0's is also the main one
+
+
+def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_path):
+    """A step that raises under torchrun: the error propagates (exit status 1) and no DistributedDataParallel wrapper
+    is alive when the trainer destroys the process group. Before the fix the exception's frames kept the wrapper, whose
+    reducer then freed the gloo group later with the GIL held, a hang at exit (it hung CI in the 2-process test)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        textwrap.dedent("""
+        import gc, os, sys
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        import train.loop
+        destroy = dist.destroy_process_group
+        def counting_destroy(*args, **kwargs):
+            live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+            print(f"rank {os.environ['RANK']}: {live} DDP alive at destroy", file=sys.stderr, flush=True)
+            return destroy(*args, **kwargs)
+        def failing_update(*args, **kwargs):
+            raise RuntimeError("injected step failure")
+        dist.destroy_process_group = counting_destroy
+        train.loop.policy_update = failing_update
+        from train.__main__ import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0 and "injected step failure" in log, log[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: 0 DDP alive at destroy" in log, log[-3000:]
 
 
 def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):

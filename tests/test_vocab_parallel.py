@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from procs import spawn
 
 from sgrpo_kernels import linear_logprobs, logprobs_from_logits, sgrpo_loss
 from sgrpo_kernels.rl import preset
@@ -134,7 +134,7 @@ def _worker(rank: int, world: int, port: int, cases: list) -> None:
 
 
 def _spawn(world: int, cases: list) -> None:
-    mp.spawn(_worker, args=(world, _free_port(), cases), nprocs=world, join=True)
+    spawn(_worker, (world, _free_port(), cases), nprocs=world)
 
 
 def test_vocab_parallel_three_ranks_unequal_and_empty_shard():

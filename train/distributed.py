@@ -5,6 +5,7 @@ replicated: README, "More than one device"."""
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -100,5 +101,11 @@ def from_env(device: str) -> Dist:
 
 
 def shutdown(ctx: Dist) -> None:
+    """Destroy the process group this module created. Every DistributedDataParallel wrapper must be gone first: its
+    reducer holds the group, and if the reducer is the last holder, freeing it later runs the gloo group's destructor
+    with the GIL held; that destructor joins gloo's worker threads, and a worker still releasing a finished collective
+    waits for the GIL: the process hangs at exit (seen in CI). The caller drops its references (train() clears the
+    frames of a propagating exception); the collection here frees wrappers that only a reference cycle still holds."""
     if ctx.owns_group and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -718,6 +719,13 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
             finally:
                 if quiet:
                     quiet.close()
+    except BaseException as exc:
+        # the traceback's frames hold the run and its DDP-wrapped model: free them before the group is destroyed
+        # (distributed.shutdown says why); the traceback keeps every file and line, only the locals go (a job of one
+        # keeps them, for a post-mortem debugger)
+        if ctx.enabled:
+            traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         shutdown(ctx)
 
