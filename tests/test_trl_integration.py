@@ -207,6 +207,12 @@ logs = [h for h in t.state.log_history if "loss" in h]
 assert len(logs) == 2 and all("sgrpo/masked_frac" in h for h in logs), logs
 if dist.get_rank() == 0:
     print("TWO-PROCESS OK", len(logs))
+# the DDP-wrapped model goes before the process group (train.distributed.shutdown: a reducer that outlives the group
+# can hang the process at exit)
+import gc
+del t
+gc.collect()
+dist.destroy_process_group()
 """
 
 
@@ -312,6 +318,10 @@ for name in SAME_BATCH_RUNS:
     if t.accelerator.is_main_process:
         torch.save(update, out / f"{name}.pt")
 print("SAME-BATCH OK")
+import gc, torch.distributed as dist
+del t
+gc.collect()  # the DDP-wrapped model goes before the process group (see TWO_PROCESS_SCRIPT)
+dist.destroy_process_group()
 """
 
 
