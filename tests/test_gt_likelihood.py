@@ -64,3 +64,73 @@ def test_bad_inputs_are_refused():
         gt_likelihood(model, tok, ["a"], ["b", "c"], ["1"])
     with pytest.raises(ValueError, match="batch_size=0"):
         gt_likelihood(model, tok, ["a"], ["b"], ["1"], batch_size=0)
+
+
+# ------------------------------------------------------------------------ the trainer's --dense-reward gt_likelihood
+
+
+def _tiny_cfg(out, **kw):
+    from train.config import TrainConfig
+
+    base = dict(model="tiny", output_dir=str(out), max_steps=2, prompts_per_step=2, group_size=4, max_new_tokens=6,
+                eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=0, progress=False,
+                warmup_steps=0, lr=1e-2, save_every=0, dense_reward="gt_likelihood")  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_trainer_rewards_by_hand(tmp_path):
+    """gt_likelihood_rewards on a hand-made batch: correct rows keep their reward (1 + format), a wrong row's 0 becomes
+    the likelihood of its own (prompt, text, answer), the format reward stays added, `correct` is unchanged."""
+    import dataclasses
+
+    from train.loop import gt_likelihood_rewards
+    from train.rollout import Batch, chat_prompts
+    from train.setup import setup
+
+    run = setup(_tiny_cfg(tmp_path / "run", format_reward_weight=0.5))
+    problems = run.task.sample(2, run.task_rng)
+    texts = [str(problems[0].answer), "5 + 2 = 9", "no idea", str(problems[0].answer),
+             "12", str(problems[1].answer), "the answer is 3", "1 2 3"]  # fmt: skip
+    correct = torch.tensor([t == str(problems[i // 4].answer) for i, t in enumerate(texts)])
+    fmt = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
+    empty = torch.zeros(8, 1, dtype=torch.long)
+    batch = Batch(empty, empty, empty, empty.bool(), texts, correct.float() + 0.5 * fmt, correct)
+    got = gt_likelihood_rewards(run, problems, batch)
+    prompts = chat_prompts(run.tok, problems, run.system_prompt)
+    for i in range(8):
+        if correct[i]:
+            assert got.rewards[i].item() == batch.rewards[i].item()
+        else:
+            want = gt_likelihood(run.model, run.tok, [prompts[i // 4]], [texts[i]], [str(problems[i // 4].answer)])
+            assert 0 < want.item() < 1
+            assert got.rewards[i].item() == pytest.approx(0.5 * fmt[i].item() + want.item(), rel=1e-6, abs=1e-12)
+    assert torch.equal(got.correct, correct) and got.rewards.dtype == batch.rewards.dtype
+    assert dataclasses.replace(got, rewards=batch.rewards) == batch  # nothing else changed
+
+
+def test_trainer_trains_on_the_dense_rewards(tmp_path, monkeypatch):
+    """2 tiny-model steps with --dense-reward gt_likelihood: the rewards the advantages are computed from are the dense
+    ones (the random model answers nothing right: every reward is a likelihood in (0, 1), so no group is constant), and
+    the record's reward_mean is their mean while its accuracy stays 0."""
+    import json
+
+    import train.loop as loop
+
+    seen = []
+    prepare = loop.prepare_groups
+
+    def spy(cfg, rewards, *args, **kwargs):
+        seen.append(rewards.detach().cpu().clone())
+        return prepare(cfg, rewards, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "prepare_groups", spy)
+    summary = loop.train(_tiny_cfg(tmp_path / "run"), {"entropy_filter": None})
+    assert summary["steps"] == 2 and len(seen) == 2
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if "event" not in r]
+    for rewards, rec in zip(seen, steps):
+        assert bool(((rewards > 0) & (rewards < 1)).all())
+        assert bool((rewards.reshape(-1, 4).std(dim=1) > 0).all())
+        assert rec["accuracy"] == 0.0 and rec["reward_mean"] == pytest.approx(rewards.mean().item(), rel=1e-6)
+        assert rec["zero_var_frac"] == 0.0

@@ -110,11 +110,23 @@ def _data_file(path: str) -> None:
 
 
 # Kept here (torch-free) and checked against the package by tests/test_train_cli.py.
-PRESET_NAMES = ("s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo",
-                "s_grpo_afn")
+PRESET_NAMES = (
+    "s_grpo",
+    "gtpo",
+    "gtpo_official",
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "grpo_ef",
+    "grpo_tc",
+    "lite_ppo",
+    "s_grpo_afn",
+)
 BACKENDS = ("torch", "triton", "npu")  # sgrpo_kernels.available_backends()
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16")  # train.model.resolve_dtype
 TASKS = ("arithmetic", "wordproblems", "gsm8k", "math", "humaneval")
+DENSE_REWARDS = ("none", "gt_likelihood")  # train.loop.roll
 DATA_TASKS = ("gsm8k", "math")  # the tasks that read --data-path
 
 NonEmpty = Check(_non_empty, "non-empty text")
@@ -191,6 +203,9 @@ class TrainConfig:
     threads: Annotated[int, Range(ge=0)] = 0  # torch.set_num_threads; 0 = leave as is
     backend: Annotated[str | None, OneOf(None, *BACKENDS)] = None  # sgrpo_kernels backend; none = auto
     format_reward_weight: Annotated[float, Range(ge=0)] = 0.0  # adds w * format_reward (a short, clean answer)
+    # gt_likelihood: a wrong completion's reward is P(ground-truth answer | its own reasoning), computed with the
+    # forward-only op (train/gt_likelihood.py; grpo-stability-experiments.md 3.3); a correct one keeps 1
+    dense_reward: Annotated[str, OneOf(*DENSE_REWARDS)] = "none"
     # evaluation and logging
     output_dir: Annotated[str, NonEmpty] = "runs/default"  # metrics.jsonl, summary.json, checkpoint/
     resume: bool = False  # continue from OUTPUT_DIR/checkpoint (exactly: weights, optimizer, scheduler, RNG, step)

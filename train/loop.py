@@ -40,10 +40,11 @@ from train.config import TrainConfig
 from train.distributed import Dist, from_env, shutdown
 from train.errors import Refused, TrainError
 from train.evaluate import compare_heldout, heldout_eval
+from train.gt_likelihood import dense_rewards, gt_likelihood
 from train.lock import RunLock
 from train.metrics import MetricsLog, NullLog, write_json
 from train.rewards import format_reward
-from train.rollout import Batch, rollout
+from train.rollout import Batch, chat_prompts, rollout
 from train.rundir import open_output_dir
 from train.setup import (
     Run,
@@ -118,9 +119,10 @@ def is_collapsed(history: list[dict], cfg: TrainConfig) -> bool:
 
 
 def roll(run: Run, problems: list) -> Batch:
-    """`group_size` sampled completions of each problem, scored (HF generate, or the vLLM engine)."""
+    """`group_size` sampled completions of each problem, scored (HF generate, or the vLLM engine); with
+    --dense-reward gt_likelihood the wrong completions' rewards are then made dense (`gt_likelihood_rewards`)."""
     cfg = run.cfg
-    return rollout(
+    batch = rollout(
         run.model,
         run.tok,
         problems,
@@ -132,6 +134,30 @@ def roll(run: Run, problems: list) -> Batch:
         format_weight=cfg.format_reward_weight,
         engine=run.engine,
     )
+    if cfg.dense_reward == "gt_likelihood":
+        batch = gt_likelihood_rewards(run, problems, batch)
+    return batch
+
+
+def gt_likelihood_rewards(run: Run, problems: list, batch: Batch) -> Batch:
+    """The batch with each wrong completion's correctness reward 0 replaced by P(GT answer | prompt, its reasoning)
+    (train/gt_likelihood.py: the forward-only op on the policy's hidden states, no logits, no gradient); a correct
+    completion keeps 1, a format reward is still added, `correct` is unchanged (accuracy stays accuracy)."""
+    g = run.cfg.group_size
+    wrong = (~batch.correct).nonzero().flatten().tolist()
+    likelihood = torch.zeros(len(batch.texts), dtype=torch.float64)
+    if wrong:
+        prompts = chat_prompts(run.tok, problems, run.system_prompt)
+        likelihood[wrong] = gt_likelihood(
+            run.model,
+            run.tok,
+            [prompts[i // g] for i in wrong],
+            [batch.texts[i] for i in wrong],
+            [str(problems[i // g].answer) for i in wrong],
+            backend=run.cfg.backend,
+        )
+    dense = dense_rewards(batch.correct, likelihood).to(batch.rewards.dtype)
+    return dataclasses.replace(batch, rewards=batch.rewards - batch.correct.to(batch.rewards.dtype) + dense)
 
 
 def constant_groups(rewards: Tensor, group_size: int) -> list[bool]:

@@ -79,6 +79,11 @@ RESEARCH_ARMS: dict[str, Arm] = {
         Arm("s_grpo_gp", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
             "the s_grpo arm + gradient penalty 0.05/2 max(0, ||g|| - 1)^2 (finite-difference Hessian-vector product)",
             train={"grad_penalty": "0.05", "grad_penalty_gamma": "1.0"}),
+        # on answer-only completions every wrong one gets the same likelihood: the group-normalized advantages are then
+        # the binary reward's (train/README.md, "Dense reward"); it differs where completions reason
+        Arm("s_grpo_gtl", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+            "the s_grpo arm with a wrong completion's reward P(GT answer | its reasoning) (--dense-reward gt_likelihood)",
+            train={"dense_reward": "gt_likelihood"}),
     )
 }  # fmt: skip
 
