@@ -105,8 +105,10 @@ TRITON = [b for b, s in available_backends().items() if b == "triton" and s == "
 
 @pytest.mark.parametrize("backend", TRITON)
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize(("temperature", "scale", "softcap", "budget"), [(1.0, 1.0, 30.0, 0), (0.7, 0.0625, 5.0, 0),
-                                                                         (1.3, 2.5, 3.0, 512), (0.9, 1.0, 0.05, 0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("temperature", "scale", "softcap", "budget"),
+    [(1.0, 1.0, 30.0, 0), (0.7, 0.0625, 5.0, 0), (1.3, 2.5, 3.0, 512), (0.9, 1.0, 0.05, 0)],
+)
 def test_triton_softcap_against_float64(backend, bias, temperature, scale, softcap, budget):
     """fp32 kernels (their own tanh and its slope) against float64 autograd: values, and the gradients of hidden,
     weight and bias through log p and H; an ignored row, a zero-gradient row; budget 512 B forces several vocab chunks

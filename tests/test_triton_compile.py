@@ -39,8 +39,8 @@ def _specs(arch: int, full: bool):
         out.append((name, fn, types, {**consts, **meta}, cfg.num_warps, cfg.num_stages))
 
     for dt in dtypes:
-        mm = dict(h_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32",
-                  cap_in="fp32", cap_out="fp32", idx_ptr="*i32", count_ptr="*i32", dz_ptr=f"*{dt}", gw_ptr=f"*{dt}", gb_ptr=f"*{dt}")
+        mm = dict(h_ptr=f"*{dt}", w_ptr=f"*{dt}", b_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32", cap_in="fp32",
+                  cap_out="fp32", idx_ptr="*i32", count_ptr="*i32", dz_ptr=f"*{dt}", gw_ptr=f"*{dt}", gb_ptr=f"*{dt}")
         f32 = dt == "fp32"
         tiles = configs.tile_configs(hopper, fp32=f32)
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):

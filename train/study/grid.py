@@ -82,7 +82,7 @@ RESEARCH_ARMS: dict[str, Arm] = {
         # on answer-only completions every wrong one gets the same likelihood: the group-normalized advantages are then
         # the binary reward's (train/README.md, "Dense reward"); it differs where completions reason
         Arm("s_grpo_gtl", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
-            "the s_grpo arm with a wrong completion's reward P(GT answer | its reasoning) (--dense-reward gt_likelihood)",
+            "the s_grpo arm, a wrong completion's reward P(GT answer | its reasoning) (--dense-reward gt_likelihood)",
             train={"dense_reward": "gt_likelihood"}),
     )
 }  # fmt: skip
