@@ -242,7 +242,10 @@ def _study(tmp_path, *extra):
 def test_study_end_to_end_interrupted_and_resumed(tmp_path):
     pytest.importorskip("transformers")
     argv, env, root = _study(tmp_path, "--workers", "1", "--threads", "1")
-    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C as a terminal sends it: with SIGINT at its default in the child even when this suite was started in the
+    # background (`cmd &` leaves SIGINT ignored in what it starts, and Python then never raises KeyboardInterrupt)
+    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     first = tmp_path / "out" / "runs" / "s_grpo" / "seed0" / "summary.json"
     deadline = time.time() + 240
     while not first.exists() and proc.poll() is None and time.time() < deadline:
