@@ -153,6 +153,30 @@ def test_aggregate_and_paired_hand_computed():
     assert paired(runs)["s_grpo"]["heldout_after"]["significant"] is True
 
 
+def test_research_arms_are_also_paired_against_s_grpo():
+    """A study with research arms (variants of S-GRPO) gets a second paired table, against s_grpo; the main study's
+    report (no research arm) keeps the one against grpo."""
+    from train.study.report import aggregate, baselines, markdown, paired
+
+    def run(arm, seed, after):
+        return {"arm": arm, "seed": seed, "heldout_after": after, "heldout_gain": after - 0.2, "collapse": False,
+                "collapse_low_entropy": False, "collapse_blowup": False, "collapse_signal_death": False}  # fmt: skip
+
+    runs = [run("grpo", s, a) for s, a in enumerate([0.40, 0.50, 0.60])]
+    runs += [run("s_grpo", s, a) for s, a in enumerate([0.50, 0.70, 0.60])]
+    assert baselines(runs) == ["grpo"]
+    runs += [run("s_grpo_tr", s, a) for s, a in enumerate([0.56, 0.74, 0.65])]
+    assert baselines(runs) == ["grpo", "s_grpo"]
+    diffs = {b: paired(runs, b, ["grpo", "s_grpo", "s_grpo_tr"]) for b in baselines(runs)}
+    d = diffs["s_grpo"]["s_grpo_tr"]["heldout_after"]  # differences 0.06, 0.04, 0.05: mean 0.05, sd 0.01
+    assert d["diff"] == pytest.approx(0.05) and d["se"] == pytest.approx(0.01 / math.sqrt(3)) and d["significant"]
+    assert list(diffs["s_grpo"]) == ["grpo", "s_grpo_tr"] and "s_grpo" not in diffs["s_grpo"]
+    text = markdown("t", {}, aggregate(runs, ["grpo", "s_grpo", "s_grpo_tr"]), diffs, runs)
+    assert text.count("## Paired difference against") == 2
+    below = text.split("## Paired difference against `s_grpo`")[1]
+    assert "| s_grpo_tr | +0.050 +- 0.006 |" in below and "| grpo | -0.100 +- 0.058 n.s. |" in below
+
+
 # ----------------------------------------------------------------------------------------------------- grid and CLI
 
 

@@ -14,6 +14,9 @@ from train.metrics import write_json
 from train.stability import RULES, CollapseRules, run_metrics
 
 BASELINE = "grpo"
+# A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:
+# what a method adds to S-GRPO is its difference from s_grpo, not from grpo
+RESEARCH_BASELINE = "s_grpo"
 
 # The table's metrics: (key, column title, format). "higher" / "lower" is not claimed: a stability metric reads
 # differently per metric (docs/study.md).
@@ -139,9 +142,42 @@ def _table(aggs: dict, columns) -> list[str]:
     return lines
 
 
-def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[dict]) -> str:
+def baselines(runs: list[dict]) -> list[str]:
+    """The arms the others are paired against: grpo, and s_grpo too when the study has research arms and s_grpo."""
+    from train.study.grid import RESEARCH_ARMS
+
+    arms = {r["arm"] for r in runs}
+    return [BASELINE] + ([RESEARCH_BASELINE] if RESEARCH_BASELINE in arms and arms & set(RESEARCH_ARMS) else [])
+
+
+def _paired_table(baseline: str, diffs: dict) -> list[str]:
     titles = {k: t for k, t, _ in OUTCOME + STABILITY}
     fmts = {k: f for k, _, f in OUTCOME + STABILITY}
+    lines = [
+        "",
+        f"## Paired difference against `{baseline}` (same seeds; mean +- SE of arm - {baseline})",
+        "",
+        "Marked `n.s.` when |difference| < 2 SE (not distinguishable from noise at this number of seeds).",
+        "",
+        "| arm | " + " | ".join(titles[k] for k in PAIRED) + " |",
+        "|" + "---|" * (len(PAIRED) + 1),
+    ]
+    for arm, row in diffs.items():
+        cells = []
+        for k in PAIRED:
+            c = row[k]
+            if c["n"] == 0 or not math.isfinite(c["diff"]):
+                cells.append("n/a")
+                continue
+            f = fmts[k].lstrip("+")
+            se = f" +- {c['se']:{f}}" if math.isfinite(c["se"]) else ""
+            cells.append(f"{c['diff']:+{f}}{se}" + ("" if c["significant"] else " n.s."))
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[dict]) -> str:
+    """`diffs`: {baseline: paired(runs, baseline)}, one table each (in order)."""
     lines = [
         f"# Study, regime `{regime}`",
         "",
@@ -168,27 +204,9 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
         + ", ".join(f"{a} {_num_text(g['heldout_after_std_across_seeds'])}" for a, g in aggs.items())
         + ".",
     ]
-    if diffs:
-        lines += [
-            "",
-            f"## Paired difference against `{BASELINE}` (same seeds; mean +- SE of arm - {BASELINE})",
-            "",
-            "Marked `n.s.` when |difference| < 2 SE (not distinguishable from noise at this number of seeds).",
-            "",
-            "| arm | " + " | ".join(titles[k] for k in PAIRED) + " |",
-            "|" + "---|" * (len(PAIRED) + 1),
-        ]
-        for arm, row in diffs.items():
-            cells = []
-            for k in PAIRED:
-                c = row[k]
-                if c["n"] == 0 or not math.isfinite(c["diff"]):
-                    cells.append("n/a")
-                    continue
-                f = fmts[k].lstrip("+")
-                se = f" +- {c['se']:{f}}" if math.isfinite(c["se"]) else ""
-                cells.append(f"{c['diff']:+{f}}{se}" + ("" if c["significant"] else " n.s."))
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    for baseline, table in diffs.items():
+        if table:
+            lines += _paired_table(baseline, table)
     total = sum(r.get("wall_s", 0.0) for r in manifest.get("runs", {}).values())
     lines += ["", f"{len(runs)} runs; total run wall time {total / 60:.0f} min (manifest.json has each run's)."]
     return "\n".join(lines) + "\n"
@@ -206,7 +224,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     regime = manifest.get("regime", study_dir.name)
     order = order or list(manifest.get("arms", {}))
     aggs = aggregate(runs, order)
-    diffs = paired(runs, order=order)
+    diffs = {b: paired(runs, b, order) for b in baselines(runs)}
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
@@ -219,7 +237,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             "regime": regime,
             "overrides": manifest.get("overrides"),
             "arms": aggs,
-            f"paired_vs_{BASELINE}": diffs,
+            **{f"paired_vs_{b}": d for b, d in diffs.items()},
             "runs": runs,
         },  # fmt: skip
         indent=2,
@@ -229,4 +247,4 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
         from train.study.figure import plot_study
 
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
-    return {"arms": aggs, "paired": diffs, "runs": runs}
+    return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs}
