@@ -61,8 +61,9 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
                 continue
             vals = [[p[s] for p in per_run] for s in steps]
             mean = [sum(v) / len(v) for v in vals]
-            c = colours(i % 10)
-            ax.plot(steps, mean, color=c, lw=1.6, marker="o" if kind == "eval" else None, ms=3, label=arm)
+            c = colours(i % 10)  # past 10 arms the colours repeat, dashed: no two arms look alike
+            ax.plot(steps, mean, color=c, lw=1.6, ls="-" if i < 10 else "--", marker="o" if kind == "eval" else None,
+                    ms=3, label=arm)  # fmt: skip
             if len(per_run) > 1:
                 ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=c, alpha=0.15, lw=0)
     for ax, (title, ylabel, _, _key) in zip(axes, PANELS):
