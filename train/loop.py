@@ -40,7 +40,7 @@ from train.config import TrainConfig
 from train.distributed import Dist, from_env, shutdown
 from train.errors import Refused, TrainError
 from train.evaluate import compare_heldout, heldout_eval
-from train.gt_likelihood import dense_rewards, gt_likelihood
+from train.gt_likelihood import gt_likelihood
 from train.lock import RunLock
 from train.metrics import MetricsLog, NullLog, write_json
 from train.rewards import format_reward
@@ -156,8 +156,8 @@ def gt_likelihood_rewards(run: Run, problems: list, batch: Batch) -> Batch:
             [str(problems[i // g].answer) for i in wrong],
             backend=run.cfg.backend,
         )
-    dense = dense_rewards(batch.correct, likelihood).to(batch.rewards.dtype)
-    return dataclasses.replace(batch, rewards=batch.rewards - batch.correct.to(batch.rewards.dtype) + dense)
+    # the dense reward (gt_likelihood.dense_rewards) replaces the correctness term, which is 0 on exactly these rows
+    return dataclasses.replace(batch, rewards=batch.rewards + likelihood.to(batch.rewards.dtype))
 
 
 def constant_groups(rewards: Tensor, group_size: int) -> list[bool]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from train.metrics import write_json
 from train.stability import RULES, CollapseRules, run_metrics
+from train.study.grid import RESEARCH_ARMS
 
 BASELINE = "grpo"
 # A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:
@@ -144,8 +145,6 @@ def _table(aggs: dict, columns) -> list[str]:
 
 def baselines(runs: list[dict]) -> list[str]:
     """The arms the others are paired against: grpo, and s_grpo too when the study has research arms and s_grpo."""
-    from train.study.grid import RESEARCH_ARMS
-
     arms = {r["arm"] for r in runs}
     return [BASELINE] + ([RESEARCH_BASELINE] if RESEARCH_BASELINE in arms and arms & set(RESEARCH_ARMS) else [])
 
