@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 
-from train.config import parse_args
+from train.cli import parse_args
 from train.errors import TrainError
-from train.signals import EXIT_CODES, signal_name
+from train.run.signals import EXIT_CODES, signal_name
 
 
 def main(argv: list[str] | None = None) -> int:

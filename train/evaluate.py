@@ -13,7 +13,8 @@ import torch
 from train.config import TrainConfig
 from train.rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
 from train.rollout import majority, rollout
-from train.setup import Run, fork_rng, progress_bar
+from train.run.progress import progress_bar
+from train.run.rng import fork_rng
 
 
 @torch.no_grad()
@@ -33,7 +34,7 @@ def evaluate(
     `cfg.progress`. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over ranks."""
     k = cfg.eval_k
     subset = (problems[: cfg.eval_k_problems] if k_subset is None else k_subset) if k > 0 else []
-    bar = progress_bar(cfg, len(problems) + len(subset), desc)
+    bar = progress_bar(cfg.progress, len(problems) + len(subset), desc)
 
     def run(greedy: bool, n: int, probs) -> list[str]:
         texts = []
@@ -92,27 +93,27 @@ def answers_match_text(text: str, answer: str) -> bool:
     return correctness_reward(text, answer) > 0
 
 
-def heldout_eval(run: Run, step: int, label: str | None = None) -> dict:
+def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> dict:
     """`evaluate` on the held-out set at `step` -> its eval event record (printed when `label` is given). The caller
     writes it to metrics.jsonl."""
     name = label or f"step {step}"
     desc = f"held-out eval ({name})"
     if run.dist.enabled:
-        ev = split_eval(run, desc)
+        ev = split_eval(cfg, run, desc)
     else:
-        ev = evaluate(run.model, run.tok, run.heldout, run.cfg, run.engine, run.system_prompt, desc)
+        ev = evaluate(run.model, run.tok, run.heldout, cfg, run.engine, run.system_prompt, desc)
     ev.pop("eval_counts")
     if label is not None:
         print(f"held-out {label + ':':<7} acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
     return {"step": step, "event": "eval", **ev}
 
 
-def split_eval(run: Run, desc: str) -> dict:
+def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
     """The held-out evaluation of a torchrun job: rank r takes problems r, r + W, r + 2W, ... (and of the pass@k
     subset the same way); the counts are summed over ranks into the same rates a single process reports."""
-    r, w, k = run.dist.rank, run.dist.world, run.cfg.eval_k
-    mine, subset = run.heldout[r::w], run.heldout[: run.cfg.eval_k_problems][r::w]
-    ev = evaluate(run.model, run.tok, mine, run.cfg, run.engine, run.system_prompt, desc, k_subset=subset)
+    r, w, k = run.dist.rank, run.dist.world, cfg.eval_k
+    mine, subset = run.heldout[r::w], run.heldout[: cfg.eval_k_problems][r::w]
+    ev = evaluate(run.model, run.tok, mine, cfg, run.engine, run.system_prompt, desc, k_subset=subset)
     totals = {key: sum(c[key] for c in run.dist.objects(ev["eval_counts"])) for key in ev["eval_counts"]}
     acc = totals["right"] / totals["n"]
     out = {"eval_acc": acc, "eval_acc_se": math.sqrt(acc * (1 - acc) / totals["n"]), "eval_n": totals["n"]}

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sgrpo_kernels import linear_logprobs
 from sgrpo_kernels.integrations.hf import lm_head
-from train.model import policy_hidden
+from train.policy import policy_hidden
 from train.rewards import extract_answer
 
 IGNORE = -100

@@ -1,8 +1,5 @@
-"""Model loading and the policy forward that returns *hidden states*, never logits.
-
-`policy_hidden` runs the decoder stack only (no LM head); `head_weight` is the LM-head matrix that goes into
-`sgrpo_loss` / `linear_logprobs` together with those hidden states, so `[tokens, vocab]` logits are never built.
-"""
+"""The model: loading (SmolLM2's GGUF, an HF path, or the tiny test model), its decoder and LM head, which weights
+are trained (top layers, the head, LoRA). The forward that returns hidden states: train/policy.py."""
 
 from __future__ import annotations
 
@@ -186,48 +183,6 @@ def head_weight(model) -> Tensor:
     package's head helper (through PEFT / DDP wrappers); the training and probe calls pass the head's other options
     (`lm_head(model).options()`: bias, logit scale, softcap) too."""
     return lm_head(model).weight
-
-
-def policy_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Final (post-norm) hidden states [B, T, D] of the decoder: the policy forward. No logits."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the text
-    out = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return out.last_hidden_state
-
-
-def policy_hidden_grouped(
-    model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, group_size: int
-) -> Tensor:
-    """Hidden states [N, T, D] at the positions that predict each completion token, computing each prompt once.
-
-    The G completions of a group share one prompt: run the B unique prompts (prompt_ids[B, P], left-padded), repeat
-    their KV cache G times, then run the N = B * G completions on top of it. Same numbers as running the N full
-    sequences (gradients flow through the repeated cache into the prompt's activations), B * P + N * T tokens instead
-    of N * (P + T). The hidden state of the last prompt position predicts the first completion token.
-    """
-    from transformers import DynamicCache
-
-    dec = decoder(model)
-    n, t = completion_ids.shape
-    pos_p = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=dec.config)
-    out = dec(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos_p, past_key_values=cache, use_cache=True
-    )
-    first = out.last_hidden_state[:, -1:].repeat_interleave(group_size, 0)  # [N, 1, D]
-    if t == 1:
-        return first
-    cache.batch_repeat_interleave(group_size)
-    mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], 1)
-    pos_c = pos_p[:, -1:].repeat_interleave(group_size, 0) + torch.arange(1, t, device=pos_p.device)
-    rest = dec(
-        input_ids=completion_ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=pos_c,
-        past_key_values=cache,
-        use_cache=True,
-    ).last_hidden_state  # [N, T-1, D]
-    return torch.cat([first, rest], 1)
 
 
 def set_trainable(model, train_layers: int, train_lm_head: bool) -> list[torch.nn.Parameter]:

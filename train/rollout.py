@@ -15,6 +15,18 @@ from train.rewards import correctness_rewards, extract_answer, format_reward
 from train.tasks import Problem
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the training rollouts sample (`rollout`'s keyword arguments; the loss uses the same temperature)."""
+
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    system_prompt: str | None
+    format_weight: float
+
+
 @dataclass
 class Batch:
     """B * G completions; rows g*G .. g*G+G-1 belong to prompt g (the RL layer's group layout)."""
@@ -190,6 +202,28 @@ def rollout(
     answers = [p.answer for p in problems for _ in range(group_size)]
     rewards, correct = score(texts, answers, format_weight)
     return Batch(p_ids, p_mask, c_ids, c_mask, texts, rewards, correct)
+
+
+def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
+    """One Batch from several rollouts: prompts left-padded, completions right-padded to the widest."""
+    if len(batches) == 1:
+        return batches[0]
+    p_width = max(b.prompt_ids.shape[1] for b in batches)
+    c_width = max(b.completion_ids.shape[1] for b in batches)
+
+    def pad(x: Tensor, width: int, value, left: bool) -> Tensor:
+        extra = width - x.shape[1]
+        return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
+
+    return Batch(
+        prompt_ids=torch.cat([pad(b.prompt_ids, p_width, pad_id, True) for b in batches]),
+        prompt_mask=torch.cat([pad(b.prompt_mask, p_width, 0, True) for b in batches]),
+        completion_ids=torch.cat([pad(b.completion_ids, c_width, pad_id, False) for b in batches]),
+        completion_mask=torch.cat([pad(b.completion_mask, c_width, False, False) for b in batches]),
+        texts=[t for b in batches for t in b.texts],
+        rewards=torch.cat([b.rewards for b in batches]),
+        correct=torch.cat([b.correct for b in batches]),
+    )
 
 
 def majority(texts: list[str]) -> str | None:

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 from train.study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
+from train.study.report import write_report
+from train.study.results import finished_runs
+from train.study.runner import Manifest, run_grid
 
 RESULTS = Path("benchmarks/results/study")
 WORK = Path("runs/study")
@@ -77,8 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.study.report import write_report
-
     args = build_parser().parse_args(argv)
     if args.report is not None:
         if not (args.report / "runs").is_dir():
@@ -87,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         write_report(args.report, figure=not args.no_figure)
         print(f"report: {args.report / 'study.md'}")
         return 0
-    from train.study.runner import Manifest, run_grid
-
     name = args.name or args.regime
     out, work = args.out or RESULTS / name, args.work or WORK / name
     try:
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nstudy interrupted: running trainers checkpointed; the same command resumes", file=sys.stderr)
         return 130
-    if any((out / "runs").glob("*/seed*/summary.json")):
+    if finished_runs(out):
         write_report(out, order=args.arms, figure=not args.no_figure)
         print(f"report: {out / 'study.md'}")
     if failed:

@@ -3,9 +3,10 @@ norm, batch success rate), one colour per arm; the line is the mean over seeds, 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
+
+from train.study.results import finished_runs, read_records
 
 PANELS = (
     # (title, y label, record kind, key)
@@ -17,16 +18,15 @@ PANELS = (
 )
 
 
-def _series(run_dir: Path, kind: str, key: str) -> dict[int, float]:
+def _series(records: list[dict], kind: str, key: str) -> dict[int, float]:
+    """{step: value} of `key` over a run's records of `kind` (eval or step), the non-finite values left out."""
     out = {}
-    with open(run_dir / "metrics.jsonl") as fh:
-        for line in fh:
-            r = json.loads(line)
-            if (r.get("event") == "eval") != (kind == "eval"):
-                continue
-            v = r.get(key)
-            if v is not None and math.isfinite(v):
-                out[r["step"]] = v
+    for r in records:
+        if (r.get("event") == "eval") != (kind == "eval"):
+            continue
+        v = r.get(key)
+        if v is not None and math.isfinite(v):
+            out[r["step"]] = v
     return out
 
 
@@ -37,19 +37,18 @@ def _smooth(series: dict[int, float], k: int = 3) -> dict[int, float]:
 
 
 def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # only a report with its figure needs matplotlib: --no-figure runs without it
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # draws to a file, no display needed; set before pyplot is imported
     import matplotlib.pyplot as plt
 
     fig, grid = plt.subplots(2, 3, figsize=(14, 7.6), constrained_layout=True)
     axes, legend_ax = list(grid.flat[: len(PANELS)]), grid.flat[len(PANELS)]
     colours = plt.get_cmap("tab10")
     n_seeds = {}
+    finished = finished_runs(study_dir)
     for i, arm in enumerate(arms):
-        from train.study.runner import is_finished
-
-        runs = sorted(p for p in (study_dir / "runs" / arm).glob("seed*") if is_finished(p))
+        runs = [read_records(p) for p in finished if p.parent.name == arm]
         n_seeds[arm] = len(runs)
         for ax, (_, _, kind, key) in zip(axes, PANELS):
             per_run = [_series(r, kind, key) for r in runs]

@@ -7,7 +7,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.config import PRESET_LOSS_DEFAULTS, TrainConfig, field_specs
+from train.cli import parse_args
+from train.config import PRESET_LOSS_DEFAULTS, TrainConfig
+from train.fields import field_specs
 
 
 @dataclass(frozen=True)
@@ -23,11 +25,13 @@ class Arm:
 
     def as_dict(self) -> dict:
         out = {"preset": self.preset, "loss": self.loss, "about": self.about}
-        return out | ({"train": dict(self.train)} if self.train else {})  # (the manifests of the other arms unchanged)
+        # no "train" key for an arm without trainer flags: its entry stays equal to the one a results folder recorded
+        # for it, which the manifest compares (a changed arm is refused)
+        return out | ({"train": dict(self.train)} if self.train else {})
 
 
-# The arms of the S-GRPO proposal's comparison (../shared/seeds/s-grpo-reference-free.md), plus the naive reference-free
-# baseline. Each arm passes its loss overrides explicitly, so an arm never depends on the trainer's defaults.
+# The arms of the S-GRPO proposal's comparison (docs/study.md), plus the naive reference-free baseline. Each arm passes
+# its loss overrides explicitly, so an arm never depends on the trainer's defaults.
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in (
@@ -46,10 +50,10 @@ ARMS: dict[str, Arm] = {
     )
 }
 
-# Research arms for the methods of issue 15 (docs/rl.md): not part of the main comparison (`--arms` defaults to ARMS
-# only); run them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset knows the RL layer's presets as of
-# train/config.py PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms
-# keep the s_grpo arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
+# Research arms for the methods of docs/rl.md: not part of the main comparison (`--arms` defaults to ARMS only); run
+# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train/config.py's
+# PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms keep the s_grpo
+# arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
 RESEARCH_ARMS: dict[str, Arm] = {
     a.name: a
     for a in (
@@ -107,9 +111,7 @@ RESERVED = ("output_dir", "seed", "preset", "loss", "threads", "progress", "resu
 def parse_sets(items: list[str]) -> dict[str, str]:
     """`--set field=value` items -> {field: value}, each checked now (field name and value, as the trainer's CLI would)
     so a typo fails before hours of runs."""
-    from train.config import parse_args
-
-    specs = field_specs()
+    specs = field_specs(TrainConfig)
     out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
@@ -155,8 +157,6 @@ class RunSpec:
 
     def config(self) -> TrainConfig:
         """The TrainConfig this run will use (checked before anything starts)."""
-        from train.config import parse_args
-
         argv = self.argv(threads=1, resume=False)[3:-1]  # drop python -m train and --overwrite
         try:
             cfg, _ = parse_args(argv)

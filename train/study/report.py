@@ -10,9 +10,10 @@ import math
 import statistics
 from pathlib import Path
 
-from train.metrics import write_json
-from train.stability import RULES, CollapseRules, run_metrics
+from train.stability import RULES
+from train.study.figure import plot_study
 from train.study.grid import RESEARCH_ARMS
+from train.study.results import finished_runs, load_run, read_manifest, write_json
 
 BASELINE = "grpo"
 # A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:
@@ -44,28 +45,6 @@ STABILITY = (
 )
 PAIRED = ("heldout_after", "heldout_gain", "collapse", "grad_norm_mean", "entropy_end", "success_std_2nd_half",
           "kl_from_init_end", "step_s_mean", "train_peak_mem_mb")  # fmt: skip
-
-
-def load_run(result_dir: Path) -> dict:
-    """A published run's metrics: {"arm", "seed", **run_metrics}, with the thresholds from its own config.json."""
-    cfg = json.loads((result_dir / "config.json").read_text())["train"]
-    summary = json.loads((result_dir / "summary.json").read_text())
-    with open(result_dir / "metrics.jsonl") as fh:
-        records = [json.loads(line) for line in fh if line.strip()]
-    rules = CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"])
-    return {
-        "arm": result_dir.parent.name,
-        "seed": cfg["seed"],
-        **run_metrics(records, summary, cfg["max_grad_norm"], rules),
-    }
-
-
-def load_runs(study_dir: Path) -> list[dict]:
-    """Every finished run under `study_dir`/runs/ARM/seedK (a run without summary.json is not finished: skipped)."""
-    from train.study.runner import is_finished
-
-    dirs = sorted(p for p in (study_dir / "runs").glob("*/seed*") if p.is_dir() and is_finished(p))
-    return [load_run(p) for p in dirs]
 
 
 def _num(x) -> float:
@@ -213,13 +192,10 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
 
 def write_report(study_dir: Path, order: list[str] | None = None, figure: bool = True) -> dict:
     """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png)."""
-    from train.study.runner import MANIFEST
-
-    runs = load_runs(study_dir)
+    runs = [load_run(p) for p in finished_runs(study_dir)]
     if not runs:
         raise ValueError(f"{study_dir}: no finished runs under {study_dir / 'runs'}")
-    manifest_path = study_dir / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = read_manifest(study_dir) or {}
     regime = manifest.get("regime", study_dir.name)
     order = order or list(manifest.get("arms", {}))
     aggs = aggregate(runs, order)
@@ -239,11 +215,8 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             **{f"paired_vs_{b}": d for b, d in diffs.items()},
             "runs": runs,
         },  # fmt: skip
-        indent=2,
     )
     (study_dir / "study.md").write_text(markdown(regime, manifest, aggs, diffs, runs))
     if figure:
-        from train.study.figure import plot_study
-
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
     return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs}

@@ -4,42 +4,24 @@ the results tree and recorded in the manifest (git sha, versions, machine, wall 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.metrics import write_json
 from train.study.grid import RunSpec
-
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")  # copied to the results tree (summary.json last)
-MANIFEST = "manifest.json"
-
-
-def is_finished(result_dir: Path) -> bool:
-    """A run is finished when its results hold a valid summary.json of a completed run (final evaluation done, not
-    interrupted) next to its metrics."""
-    try:
-        summary = json.loads((result_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return (
-        isinstance(summary, dict)
-        and "after" in summary
-        and not summary.get("interrupted")
-        and (result_dir / "metrics.jsonl").is_file()
-    )
+from train.study.results import RUN_FILES, is_finished, load_run, read_manifest, read_summary, write_manifest
 
 
 def environment() -> dict:
     """What produced a run: git commit (and whether the tree had uncommitted changes), versions, machine."""
-    import torch
+    import torch  # only a study that trains needs them: --help and --report start without them
     import transformers
 
     def git(*args: str) -> str:
@@ -68,10 +50,10 @@ class Manifest:
     one entry per finished run. A results directory holds one regime: different overrides are refused."""
 
     def __init__(self, results: Path, regime: str, overrides: dict[str, str], arms: dict):
-        self.path = results / MANIFEST
+        self.results = results
         self.data = {"regime": regime, "overrides": overrides, "arms": arms, "runs": {}}
-        if self.path.exists():
-            old = json.loads(self.path.read_text())
+        old = read_manifest(results)
+        if old is not None:
             if old.get("overrides") != overrides:
                 raise ValueError(
                     f"{results} holds the study of regime {old.get('regime')!r} with overrides {old.get('overrides')}; "
@@ -88,8 +70,7 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.path, self.data, indent=2)
+        write_manifest(self.results, self.data)
 
 
 @dataclass
@@ -108,7 +89,7 @@ def publish(spec: RunSpec) -> dict:
         tmp = spec.result_dir / (name + ".tmp")
         shutil.copyfile(spec.work_dir / name, tmp)
         os.replace(tmp, spec.result_dir / name)
-    return json.loads((spec.result_dir / "summary.json").read_text())
+    return read_summary(spec.result_dir)
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -158,54 +139,20 @@ def run_grid(
     try:
         while queue or active:
             while queue and len(active) < workers:
-                spec = queue.pop(0)
-                active.append(_start(spec, threads))
+                active.append(_start(queue.pop(0), threads))
             time.sleep(0.5)
             for a in [a for a in active if a.proc.poll() is not None]:
                 active.remove(a)
-                wall = time.time() - a.started
-                rc = a.proc.returncode
-                summary = None
-                if rc == 0 and is_finished(a.spec.work_dir):
-                    summary = publish(a.spec)
-                if summary is None:
+                ok, line = _conclude(a, manifest, env, threads, workers)
+                say(line)
+                if not ok:
                     failed.append(a.spec.key)
-                    say(f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}")
                     continue
                 finished += 1
-                entry = manifest.data["runs"].get(a.spec.key, {})
-                manifest.record(
-                    a.spec.key,
-                    {
-                        **env,
-                        "arm": a.spec.arm.name,
-                        "seed": a.spec.seed,
-                        "threads": threads,
-                        "workers": workers,
-                        "wall_s": wall + (entry.get("wall_s", 0.0) if a.resumed else 0.0),
-                        "resumed": a.resumed,
-                        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                        "command": " ".join(a.spec.argv(threads, a.resumed)[1:]),
-                    },
-                )
-                gain = summary.get("delta")
-                collapse = _collapsed(a.spec.result_dir)
-                say(
-                    f"{a.spec.arm.name:<11} seed {a.spec.seed}: held-out "
-                    f"{summary['before']['eval_acc']:.3f} -> {summary['after']['eval_acc']:.3f} "
-                    f"(gain {gain:+.3f}), collapse {'YES' if collapse else 'no'}, {_minutes(wall)}"
-                )
                 if bar is not None:
                     bar.update(1)
     except BaseException:
-        for a in active:
-            if a.proc.poll() is None:
-                a.proc.send_signal(signal.SIGTERM)  # the trainer checkpoints and exits 143; the next call resumes
-        for a in active:
-            try:
-                a.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                a.proc.kill()
+        _stop(active)
         raise
     finally:
         if bar is not None:
@@ -213,6 +160,51 @@ def run_grid(
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return finished, failed
+
+
+def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: int) -> tuple[bool, str]:
+    """A trainer that exited: publishes its files and records it in the manifest with what produced it. Returns whether
+    it finished, and its progress line (a failure's carries the tail of its log)."""
+    wall = time.time() - a.started
+    rc = a.proc.returncode
+    if rc != 0 or not is_finished(a.spec.work_dir):
+        return False, f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}"
+    summary = publish(a.spec)
+    earlier = manifest.data["runs"].get(a.spec.key, {})
+    manifest.record(
+        a.spec.key,
+        {
+            **env,
+            "arm": a.spec.arm.name,
+            "seed": a.spec.seed,
+            "threads": threads,
+            "workers": workers,
+            # a resumed run's wall time adds to that of its earlier attempts: the manifest holds the run's whole cost
+            "wall_s": wall + (earlier.get("wall_s", 0.0) if a.resumed else 0.0),
+            "resumed": a.resumed,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(a.spec.argv(threads, a.resumed)[1:]),
+        },
+    )
+    collapse = load_run(a.spec.result_dir)["collapse"]  # every collapse rule, on the published records
+    return True, (
+        f"{a.spec.arm.name:<11} seed {a.spec.seed}: held-out "
+        f"{summary['before']['eval_acc']:.3f} -> {summary['after']['eval_acc']:.3f} "
+        f"(gain {summary.get('delta'):+.3f}), collapse {'YES' if collapse else 'no'}, {_minutes(wall)}"
+    )
+
+
+def _stop(active: list[Active]) -> None:
+    """SIGTERM to every running trainer, which checkpoints and exits 143 (the next call resumes it); one that has not
+    exited after 2 minutes is killed."""
+    for a in active:
+        if a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGTERM)
+    for a in active:
+        try:
+            a.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            a.proc.kill()
 
 
 def _start(spec: RunSpec, threads: int) -> Active:
@@ -233,18 +225,9 @@ def _start(spec: RunSpec, threads: int) -> Active:
     return Active(spec, proc, log, time.time(), resume)
 
 
-def _collapsed(result_dir: Path) -> bool:
-    """Either collapse rule, on the published records (train/stability.py)."""
-    from train.study.report import load_run
-
-    return bool(load_run(result_dir)["collapse"])
-
-
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()

@@ -1,9 +1,14 @@
-"""`StepGuard`: one optimizer step that can be undone. A step whose result is a non-finite weight (or that was cut
-short by an exception) is rolled back to the weights and optimizer state from just before it."""
+"""The step guard (`--step-guard`, on by default): an optimizer step whose result is a non-finite weight (or that an
+exception cut short) is rolled back to the weights and optimizer state from just before it, and the update counts it
+as skipped; with `--step-guard false` such a step stops the run instead. Either way nothing non-finite is trained on
+or saved. Always registered: the check runs in both modes."""
 
 from __future__ import annotations
 
 import torch
+
+from train.errors import TrainError
+from train.features.base import Feature
 
 
 class StepGuard:
@@ -62,3 +67,41 @@ class StepGuard:
         if bool(flags.all()):
             return []
         return [n for (n, _), ok in zip(self.named_params, flags.tolist()) if not ok]
+
+
+class GuardFeature(Feature):
+    name = "step_guard"
+
+    def __init__(self, guard: StepGuard, enabled: bool):
+        self.guard, self.enabled = guard, enabled
+
+    def before_optimizer_step(self) -> None:
+        if self.enabled:
+            self.guard.take()
+
+    def after_optimizer_step(self, which: str) -> str | None:
+        bad = self.guard.non_finite()
+        if not bad:
+            return None
+        names = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        if not self.enabled:
+            raise TrainError(
+                f"the optimizer step of {which} made {len(bad)} weight tensor(s) non-finite ({names}); stopping "
+                "(--step-guard false). Nothing non-finite is saved."
+            )
+        self.guard.restore()
+        return (
+            f"the optimizer step made {len(bad)} weight tensor(s) non-finite ({names}): undone (weights and optimizer "
+            "state restored)"
+        )
+
+    def undo_step(self, first: bool) -> bool:
+        if self.enabled and first:  # cut short inside the batch's first step: undo it entirely
+            self.guard.restore()
+            return True
+        return False
+
+
+def from_run(cfg, run) -> GuardFeature:
+    named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
+    return GuardFeature(StepGuard(named, run.optimizer), cfg.step_guard)

@@ -1,8 +1,9 @@
 """Checkpoints and the KL probe file, as plain tensors and containers only.
 
 OUTPUT_DIR/checkpoint/state.pt holds one consistent state of a run: the trained weights, optimizer, scheduler, the RNG
-states to continue from, the step, the loop's bookkeeping (which phases of that step are still to run, the metrics
-records written) and the configuration it was trained with. OUTPUT_DIR/probe.pt holds the KL-from-init probe.
+states to continue from, every feature's state (`Feature.state_dict`, per rank), the step, the loop's bookkeeping
+(which phases of that step are still to run, the metrics records written) and the configuration it was trained
+with. OUTPUT_DIR/probe.pt holds the KL-from-init probe.
 
 Both are read with `torch.load(weights_only=True)`: a file from the run directory is data, never code (a pickled
 object in it is refused, not executed). Both are written atomically: to `NAME.tmp`, flushed to disk, then renamed over
@@ -20,49 +21,17 @@ import torch
 from torch import Tensor
 
 from train.errors import TrainError
+from train.run.rng import is_random_state, restore_rng
 
-FORMAT = 2  # of state.pt; 1 = the checkpoints before it (refused: full pickles, read without weights_only)
+# of state.pt. Format 1 (pickles) and 2 (no feature states; the collapse history and the dynamic-sampling generator
+# in the loop's state) are refused with a message that says so.
+FORMAT = 3
 STATE_FILE = "state.pt"
-LOOP_KEYS = ("pending", "record", "history", "before", "after", "finished", "log_lines", "stopped_by_time_budget")
+LOOP_KEYS = ("pending", "record", "before", "after", "finished", "log_lines", "stopped_by_time_budget")
 
 
 class CheckpointError(TrainError):
     pass
-
-
-# ----------------------------------------------------------------------------------------------------- RNG states
-
-
-def _random_state(rng: random.Random) -> list:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def rng_snapshot(task_rng: random.Random, resample_rng: random.Random | None = None) -> dict:
-    """Every generator a training step draws from: torch (sampling), the task's problem sampler, CUDA, and with
-    --dynamic-sampling the sampler of its extra problems ("resample"; absent otherwise). Plain values: a
-    `random.Random` state as [version, [625 ints], gauss_next]."""
-    snap = {
-        "torch": torch.get_rng_state(),
-        "task": _random_state(task_rng),
-        "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else None,
-    }
-    if resample_rng is not None:
-        snap["resample"] = _random_state(resample_rng)
-    return snap
-
-
-def restore_rng(rngs: dict, task_rng: random.Random, resample_rng: random.Random | None = None) -> None:
-    """The inverse of `rng_snapshot`. A snapshot without "resample" (a run that did not sample dynamically) leaves
-    `resample_rng` at its seed."""
-    torch.set_rng_state(rngs["torch"])
-    if rngs["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rngs["cuda"])
-    version, internal, gauss = rngs["task"]
-    task_rng.setstate((version, tuple(internal), gauss))
-    if resample_rng is not None and rngs.get("resample") is not None:
-        version, internal, gauss = rngs["resample"]
-        resample_rng.setstate((version, tuple(internal), gauss))
 
 
 # ----------------------------------------------------------------------------------------------------- files
@@ -130,12 +99,13 @@ def save_checkpoint(
     loop: dict,
     cfg,
     loss_cfg,
+    features: list[dict],
     world_size: int = 1,
     rank_rngs: list[dict] | None = None,
 ) -> Path:
     """Write directory/state.pt. Refuses (CheckpointError) to save a non-finite trained weight: the last good
-    checkpoint stays. A torchrun job saves its world size and every rank's RNG states (`rank_rngs`, in rank
-    order; `rngs` is rank 0's)."""
+    checkpoint stays. `features`: every rank's feature states, in rank order (one entry for a single process). A
+    torchrun job saves its world size and every rank's RNG states (`rank_rngs`, in rank order; `rngs` is rank 0's)."""
     file = Path(directory) / STATE_FILE
     trainable = {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
     bad = [n for n, t in trainable.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -154,6 +124,7 @@ def save_checkpoint(
         "loop": {k: loop[k] for k in LOOP_KEYS},
         "config": dataclasses.asdict(cfg),
         "loss_config": dataclasses.asdict(loss_cfg),
+        "features": features,
         "world_size": world_size,
     }
     if rank_rngs is not None:
@@ -171,8 +142,8 @@ def read_checkpoint(file: Path) -> dict:
         ck.get("format") == FORMAT,
         file,
         what,
-        f"format {ck.get('format', 1)!r}, this trainer reads format {FORMAT} (checkpoints written before it were "
-        "pickles and are not loaded)",
+        f"format {ck.get('format', 1)!r}, this trainer reads format {FORMAT} (format 1 was a pickle, format 2 kept "
+        "no feature states; neither is loaded: start the run again)",
     )
     types = {
         "step": int,
@@ -183,6 +154,7 @@ def read_checkpoint(file: Path) -> dict:
         "loop": dict,
         "config": dict,
         "loss_config": dict,
+        "features": list,
     }
     for key, typ in types.items():
         _require(isinstance(ck.get(key), typ), file, what, f"{key!r} missing or not a {typ.__name__}")
@@ -192,6 +164,9 @@ def read_checkpoint(file: Path) -> dict:
         ranks = ck.get("rank_rngs")
         ok = isinstance(ranks, list) and len(ranks) == world and all(isinstance(r, dict) for r in ranks)
         _require(ok, file, what, f"world_size {world} but no RNG states for each of its ranks")
+    feats = ck["features"]
+    ok = len(feats) == world and all(isinstance(f, dict) for f in feats)
+    _require(ok, file, what, f"'features' must hold one dict of feature states per rank ({world})")
     _require(ck["step"] >= 0, file, what, "negative step")
     _require(
         all(isinstance(k, str) and isinstance(v, Tensor) for k, v in ck["trainable"].items()),
@@ -201,8 +176,7 @@ def read_checkpoint(file: Path) -> dict:
     )
     rng = ck["rng"]
     _require(isinstance(rng.get("torch"), Tensor) and rng["torch"].dtype == torch.uint8, file, what, "bad torch RNG")
-    _require(_is_random_state(rng.get("task")), file, what, "bad task RNG state")
-    _require("resample" not in rng or _is_random_state(rng["resample"]), file, what, "bad resample RNG state")
+    _require(is_random_state(rng.get("task")), file, what, "bad task RNG state")
     cuda = rng.get("cuda")
     _require(cuda is None or (isinstance(cuda, list) and all(isinstance(t, Tensor) for t in cuda)), file, what, "cuda")
     loop = ck["loop"]
@@ -211,21 +185,8 @@ def read_checkpoint(file: Path) -> dict:
         isinstance(loop["pending"], list) and all(isinstance(p, str) for p in loop["pending"]), file, what, "pending"
     )
     _require(loop["record"] is None or isinstance(loop["record"], dict), file, what, "record")
-    _require(isinstance(loop["history"], list), file, what, "history")
     _require(isinstance(loop["log_lines"], int) and loop["log_lines"] >= 0, file, what, "log_lines")
     return ck
-
-
-def _is_random_state(state) -> bool:
-    """A `random.Random` state as `rng_snapshot` stores it."""
-    return (
-        isinstance(state, list | tuple)
-        and len(state) == 3
-        and isinstance(state[0], int)
-        and isinstance(state[1], list | tuple)
-        and all(isinstance(x, int) for x in state[1])
-        and (state[2] is None or isinstance(state[2], float))
-    )
 
 
 def restore_checkpoint(
@@ -235,7 +196,6 @@ def restore_checkpoint(
     optimizer,
     scheduler,
     task_rng: random.Random,
-    resample_rng: random.Random | None = None,
 ) -> None:
     """Put a `read_checkpoint` state into the model (trained weights, by name and shape), optimizer, scheduler and the
     RNGs."""
@@ -258,7 +218,7 @@ def restore_checkpoint(
                 params[name].copy_(value)
         optimizer.load_state_dict(ck["optimizer"])
         scheduler.load_state_dict(ck["scheduler"])
-        restore_rng(ck["rng"], task_rng, resample_rng)
+        restore_rng(ck["rng"], task_rng)
     except (ValueError, KeyError, TypeError, RuntimeError) as exc:
         raise CheckpointError(f"{file}: could not restore the run from it: {type(exc).__name__}: {exc}") from exc
 

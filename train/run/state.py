@@ -3,20 +3,12 @@ on an interrupt or an error. What a checkpoint holds, and why that is enough for
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from train.checkpoint import (
-    LOOP_KEYS,
-    STATE_FILE,
-    CheckpointError,
-    restore_checkpoint,
-    restore_rng,
-    rng_snapshot,
-    save_checkpoint,
-)
-from train.metrics import MetricsLog
-from train.setup import Run
-from train.signals import STOP, signal_name
+from train.run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
+from train.run.metrics import MetricsLog
+from train.run.rng import restore_rng, rng_snapshot
+from train.run.signals import STOP, signal_name
 
 PHASES = ("before", "kl", "log", "eval", "save", "after")
 
@@ -27,9 +19,9 @@ class LoopState:
 
     step: int  # steps committed
     rngs: dict  # the RNG states to continue from: after step `step`'s update (= the start of step `step + 1`)
+    features: dict  # every feature's state after step `step` (Features.state_dict)
     pending: list[str]  # phases still to run (see PHASES), in order
     record: dict | None = None  # step `step`'s metrics record until its "log" phase writes it
-    history: list[dict] = field(default_factory=list)  # per step HISTORY_KEYS, for the collapse rule
     before: dict | None = None  # the held-out eval before training
     after: dict | None = None  # the held-out eval after training (of step `step` when `finished`)
     finished: bool = False  # "after" has run for `step`
@@ -38,11 +30,21 @@ class LoopState:
     torn: bool = False  # not saved: an exception hit between an optimizer step and its commit; nothing to checkpoint
 
 
-def fresh_state(run: Run) -> LoopState:
-    return LoopState(step=0, rngs=rng_snapshot(run.task_rng, run.resample_rng), pending=["before"])
+def fresh_state(run) -> LoopState:
+    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), features=run.features.state_dict(), pending=["before"])
 
 
-def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
+def commit(run, state: LoopState, record: dict, pending: list[str]) -> None:
+    """The step counts: its number, the RNG and feature states after it, its record, the phases it has to run."""
+    state.step += 1
+    state.rngs = rng_snapshot(run.task_rng)
+    state.features = run.features.state_dict()
+    state.record = record
+    state.pending = pending
+    state.finished = state.stopped_by_time_budget = False
+
+
+def resume(run, ckpt: dict) -> tuple[LoopState, int]:
     """--resume: weights, optimizer, scheduler, RNG states and the loop state from a `read_checkpoint` dict (already
     checked against the configuration by `open_output_dir`) -> (state, records of metrics.jsonl to keep)."""
     file = run.ckpt_dir / STATE_FILE
@@ -50,25 +52,33 @@ def resume(run: Run, ckpt: dict) -> tuple[LoopState, int]:
     unknown = [p for p in loop["pending"] if p not in PHASES]
     if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
         raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
-    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng, run.resample_rng)
+    restore_checkpoint(ckpt, file, run.model, run.optimizer, run.scheduler, run.task_rng)
     rngs = ckpt["rng"]
     if run.dist.enabled:  # this rank's own sampling stream (the open_output_dir check made the world sizes equal)
         rngs = ckpt["rank_rngs"][run.dist.rank]
-        restore_rng(rngs, run.task_rng, run.resample_rng)
+        restore_rng(rngs, run.task_rng)
+    features = ckpt["features"][run.dist.rank]
+    try:
+        run.features.load_state_dict(features)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{file}: could not restore the features' state: {exc}") from exc
     if run.engine is not None:
         run.engine.sync(run.model)
-    state = LoopState(step=ckpt["step"], rngs=rngs, **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"})
+    state = LoopState(
+        step=ckpt["step"], rngs=rngs, features=features, **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"}
+    )
     state.saved_step = state.step
     todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
     print(f"resumed from step {state.step}{todo}")
     return state, loop["log_lines"]
 
 
-def save(run: Run, state: LoopState, log: MetricsLog) -> None:
-    """Checkpoint the state. In a torchrun job every rank calls it (the RNG states are gathered) and rank 0 writes
-    (the weights and optimizer state are the same on every rank)."""
+def save(cfg, run, state: LoopState, log: MetricsLog) -> None:
+    """Checkpoint the state. In a torchrun job every rank calls it (the RNG and feature states are gathered) and
+    rank 0 writes (the weights and optimizer state are the same on every rank)."""
     loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
     rank_rngs = run.dist.objects(state.rngs) if run.dist.enabled else None
+    features = run.dist.objects(state.features)
     if run.dist.is_main:
         save_checkpoint(
             run.ckpt_dir,
@@ -78,7 +88,8 @@ def save(run: Run, state: LoopState, log: MetricsLog) -> None:
             step=state.step,
             rngs=state.rngs,
             loop=loop,
-            cfg=run.cfg,
+            features=features,
+            cfg=cfg,
             loss_cfg=run.loss_cfg,
             world_size=run.dist.world,
             rank_rngs=rank_rngs,
@@ -87,7 +98,7 @@ def save(run: Run, state: LoopState, log: MetricsLog) -> None:
     state.saved_step = state.step
 
 
-def emergency_save(run: Run, state: LoopState, log: MetricsLog, exc: BaseException) -> None:
+def emergency_save(cfg, run, state: LoopState, log: MetricsLog, exc: BaseException) -> None:
     """On an interrupt or an error: checkpoint the state when it is consistent; say what happened either way. A
     second signal during the save waits for it (then is dropped)."""
     what = signal_name(exc) if isinstance(exc, KeyboardInterrupt) else f"error ({type(exc).__name__})"
@@ -100,7 +111,7 @@ def emergency_save(run: Run, state: LoopState, log: MetricsLog, exc: BaseExcepti
     print(f"\n{what}: saving a checkpoint at step {state.step} (continue with --resume)")
     STOP.hold()
     try:
-        save(run, state, log)
+        save(cfg, run, state, log)
     except CheckpointError as err:
         print(f"checkpoint not saved: {err}")
         if isinstance(exc, KeyboardInterrupt):

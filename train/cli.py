@@ -1,0 +1,223 @@
+"""The command line of `python -m train`, built from `TrainConfig`'s declarations (train/config.py): every field is a
+`--flag` (shown with dashes; `--max_steps` works too) with its help, default and accepted values; every field of the
+RL layer's `LossConfig` is a `--loss.FIELD` flag that overrides the chosen preset. Each value is checked as it is
+parsed; a refusal names the flag, the value and what is accepted. Imports neither torch nor the package until a
+loss override is parsed: `--help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib.util
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from train.config import RUN_PRESETS, TrainConfig
+from train.fields import ConfigError, OneOf, check_field, field_specs
+
+
+def _parse_value(text: str):
+    """Loss-config values, as the RL layer reads them (sgrpo_kernels.rl.parse_value)."""
+    from sgrpo_kernels.rl.algorithm import parse_value
+
+    return parse_value(text)
+
+
+def _bool(text: str, flag: str) -> bool:
+    from sgrpo_kernels.validation import parse_flag  # the package's strict parser (1/0, true/false, yes/no, on/off)
+
+    return parse_flag(text, flag)
+
+
+def _cli_type(name: str):
+    """The argparse `type` of field `name`: text -> value, checked against the field's declaration. A refused value
+    is an argparse error naming the flag, the value and what is accepted."""
+    spec, flag = field_specs(TrainConfig)[name], "--" + name.replace("_", "-")
+
+    def parse(text: str):
+        try:
+            if spec.kind is bool:
+                value = _bool(text, flag)
+            elif spec.kind is int:
+                value = int(text)
+            elif spec.kind is float:
+                value = float(text)
+            else:
+                value = text
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} refused: expected {spec.expected()}") from None
+        try:
+            check_field(name, value, TrainConfig)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} refused: {exc.detail}") from None
+        return value
+
+    parse.__name__ = spec.kind.__name__  # argparse's "invalid <name> value" wording, if it ever shows
+    return parse
+
+
+def _flag_default(name: str, default) -> str:
+    def show(v) -> str:
+        if isinstance(v, bool):
+            return str(v).lower()
+        return "none" if v is None else repr(v) if isinstance(v, str) else str(v)
+
+    base = show(RUN_PRESETS["default"].get(name, default))
+    others = [f"{p}: {show(v[name])}" for p, v in RUN_PRESETS.items() if p != "default" and name in v]
+    return base + (f" (--run-preset {', '.join(others)})" if others else "")
+
+
+def _help(text: str) -> str:
+    return text.replace("%", "%%")
+
+
+@functools.cache
+def loss_fields() -> tuple[tuple[str, str, str], ...]:
+    """(name, type, description) of every LossConfig field, read from the RL layer's source with `ast` (importing it
+    would import torch: --help must stay fast); the description is the field's entry in the LossConfig docstring.
+    Falls back to importing LossConfig when the source is not on disk."""
+    spec = importlib.util.find_spec("sgrpo_kernels")
+    source = None
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / "rl" / "config.py"
+        source = path.read_text() if path.is_file() else None
+    if source is None:  # pragma: no cover -- a zipped install
+        from sgrpo_kernels.rl import LossConfig
+
+        return tuple((f.name, str(f.type), "") for f in fields(LossConfig) if f.name != "name")
+    cls = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "LossConfig")
+    names = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    entries: dict[str, str] = {}
+    current: list[str] = []
+    for line in (ast.get_docstring(cls) or "").splitlines():
+        m = re.match(r"^ {4}([a-z_]+(?:\s*/\s*[a-z_]+)*): (.*)$", line)
+        if m and {x.strip() for x in m.group(1).split("/")} <= names:  # "    field / field: text"
+            current = [x.strip() for x in m.group(1).split("/")]
+            for name in current:
+                entries[name] = m.group(2)
+        elif current and line.startswith(" " * 4):  # the entry's next line
+            for name in current:
+                entries[name] += " " + line.strip()
+        else:
+            current = []
+    out = []
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id != "name":
+            out.append((node.target.id, ast.unparse(node.annotation), _first_sentence(entries.get(node.target.id, ""))))
+    return tuple(out)
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of a docstring entry, without reST markup (:func:`~a.b.f` -> f, ``x`` -> x)."""
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text).replace("``", "")
+    return re.split(r"(?<=[a-z)][a-z)]\.)\s+(?=[A-Z])", text.strip())[0].rstrip(".")  # not after "Dr."
+
+
+USAGE = "python -m train [--run-preset NAME] [--FLAG VALUE ...] [--loss.FIELD VALUE ...]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m train",
+        usage=USAGE,
+        description="GRPO-family RL (S-GRPO, GTPO, GRPO, ...) of a causal LM on verifiable tasks. Every TrainConfig "
+        "field is a flag (train/config.py; --max_steps works like --max-steps). Numbers must be finite. Precedence: "
+        "a flag you type > --run-preset > the dataclass default.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=30),
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--run-preset",
+        default="default",
+        choices=sorted(RUN_PRESETS),
+        help="named sizes applied before the other flags: default (the README's CPU job: the defaults below), smoke "
+        "(2 tiny steps), gpu [default: default]",
+    )
+    specs = field_specs(TrainConfig)
+    for f in fields(TrainConfig):
+        spec = specs[f.name]
+        kwargs = {"default": f.default, "type": _cli_type(f.name), "dest": f.name}
+        accepted = "" if spec.kind is str and not spec.checks else f"; accepts {spec.expected()}"
+        if spec.kind is bool:
+            kwargs |= {"nargs": "?", "const": True, "metavar": "BOOL"}
+            accepted = f"; accepts {spec.expected()}; the bare flag means true"
+        else:
+            kwargs["metavar"] = {int: "N", float: "X", str: "TEXT"}[spec.kind]
+            for c in spec.checks:
+                if isinstance(c, OneOf):
+                    short = None not in c.choices and len(",".join(c.choices)) <= 24
+                    kwargs["metavar"] = "{" + ",".join(c.choices) + "}" if short else "NAME"
+        kwargs["help"] = _help(f"{spec.help or f.name} [default: {_flag_default(f.name, f.default)}{accepted}]")
+        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+    loss_group = parser.add_argument_group(
+        "loss overrides",
+        "--loss.FIELD VALUE overrides one LossConfig field of the chosen --preset [default: the preset's value, after "
+        "--loss]; values are JSON (0.1, true, null) or text. Fields: the LossConfig docstring, docs/rl.md.",
+    )
+    for name, annotation, doc in loss_fields():
+        text = f"{doc} " if doc else ""
+        loss_group.add_argument(
+            f"--loss.{name}",
+            dest=f"loss.{name}",
+            type=_parse_value,
+            default=None,
+            metavar="V",
+            help=_help(f"{text}[{annotation.replace(' | ', ' or ').replace('None', 'null')}]"),
+        )
+    return parser
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """The other spelling of a flag: --max_steps -> --max-steps, --loss.epsilon-low -> --loss.epsilon_low."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, eq, value = arg.partition("=")
+            if name.startswith("--loss."):
+                name = "--loss." + name[len("--loss.") :].replace("-", "_")
+            else:
+                name = "--" + name[2:].replace("_", "-")
+            arg = name + eq + value
+        out.append(arg)
+    return out
+
+
+def _explicit_flags(argv: list[str]) -> set[str]:
+    """The dests the user actually typed, even when the value typed equals the default (`--time-budget-s 0` must
+    beat a run preset's 480): a second parse in which no option has a default."""
+    quiet = build_parser()
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
+def _flag_of(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
+    """CLI -> (TrainConfig, LossConfig overrides). Precedence: dataclass default < --run-preset < explicit flag.
+    Every refusal is an argparse error (exit status 2) naming the flag."""
+    argv = _normalize(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    explicit = _explicit_flags(argv)
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    for key, value in RUN_PRESETS[args.run_preset].items():
+        if key not in explicit:
+            values[key] = value
+    overrides = {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
+    try:
+        cfg = TrainConfig(**values)
+    except ConfigError as exc:
+        parser.error(f"argument {_flag_of(exc.field)}: {exc}")
+    try:
+        cfg.loss_config(overrides)  # the --loss.FIELD values, with the RL layer's messages
+    except (TypeError, ValueError) as exc:
+        named = [k for k in overrides if f"LossConfig.{k}" in str(exc)]
+        flags = "/".join(f"--loss.{k}" for k in named) or "--loss." + "/--loss.".join(overrides)
+        parser.error(f"argument {flags}: {exc}")
+    return cfg, overrides

@@ -1,0 +1,146 @@
+"""The feature interface: the hooks a training step calls (`Feature`), and `Features`, the ones a run has, in
+registration order, called together.
+
+A feature is one plug-in of the step (dynamic sampling, trust region, gradient penalty, ...). It overrides only the
+hooks it needs; the base class does nothing in each. Built once per run by its factory (`from_run`) from the trainer's
+configuration and the run's objects, it keeps only what it needs. What it must carry across a resume (a random
+generator, a history) it returns from `state_dict`; the checkpoint saves that for every feature and rank, and
+`load_state_dict` puts it back. The order of the hooks within one step:
+
+    rescore        after each rollout's rewards (every rollout of the step: the first and any resampled one)
+    after_rollout  the batch to train on (may roll out more problems)
+    before_update  once per step, before the first optimizer pass: reset per-step numbers
+    loss_inputs    extra arguments of the loss (e.g. old-policy log-probs), once per step
+    after_backward the gradient of each pass is in `.grad` (may replace it)
+    before_optimizer_step / after_optimizer_step   around each optimizer step (may undo it: return why)
+    undo_step      an exception cut the optimizer step short: put the weights back if it can
+    record         fields of the step's metrics record
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def global_norm(tensors: Iterable[torch.Tensor]) -> float:
+    """The L2 norm of tensors taken together as one vector, accumulated in float64."""
+    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+class Feature:
+    name = "feature"  # the key of its state in a checkpoint; unique among the registered features
+    epochs = 1  # optimizer passes over each rollout batch that it asks for (the step makes the largest)
+
+    def rescore(self, batch, problems: list):
+        return batch
+
+    def after_rollout(self, batch, roll: Callable):
+        return batch
+
+    def before_update(self) -> None:
+        pass
+
+    def loss_inputs(self, batch, check_targets: Callable[[], bool | None]) -> dict:
+        """`check_targets()`: the `check_targets` argument of this feature's next op call (the first op call of a
+        step checks the targets' range, the others skip that host sync)."""
+        return {}
+
+    def after_backward(self, backward_at: Callable[[], None]) -> None:
+        pass
+
+    def before_optimizer_step(self) -> None:
+        pass
+
+    def after_optimizer_step(self, which: str) -> str | None:
+        """None, or why the step was undone (the update counts it as skipped)."""
+        return None
+
+    def undo_step(self, first: bool) -> bool:
+        """An exception cut the optimizer step short (`first`: no earlier step of this batch was applied): True when
+        the weights and optimizer state are back to what they were before the batch."""
+        return False
+
+    def record(self, record: dict) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class Features:
+    """The run's features, called in registration order. A hook that returns a value chains (rescore,
+    after_rollout) or merges (loss_inputs, record) over them."""
+
+    def __init__(self, features: list[Feature]):
+        names = [f.name for f in features]
+        if len(set(names)) != len(names):
+            raise ValueError(f"feature names must be unique: {names}")
+        self.items = list(features)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    @property
+    def epochs(self) -> int:
+        return max([f.epochs for f in self.items], default=1)
+
+    def rescore(self, batch, problems: list):
+        for f in self.items:
+            batch = f.rescore(batch, problems)
+        return batch
+
+    def after_rollout(self, batch, roll: Callable):
+        for f in self.items:
+            batch = f.after_rollout(batch, roll)
+        return batch
+
+    def before_update(self) -> None:
+        for f in self.items:
+            f.before_update()
+
+    def loss_inputs(self, batch, check_targets) -> dict:
+        out: dict = {}
+        for f in self.items:
+            out |= f.loss_inputs(batch, check_targets)
+        return out
+
+    def after_backward(self, backward_at: Callable[[], None]) -> None:
+        for f in self.items:
+            f.after_backward(backward_at)
+
+    def before_optimizer_step(self) -> None:
+        for f in self.items:
+            f.before_optimizer_step()
+
+    def after_optimizer_step(self, which: str) -> str | None:
+        for f in self.items:
+            undone = f.after_optimizer_step(which)
+            if undone is not None:
+                return undone
+        return None
+
+    def undo_step(self, first: bool) -> bool:
+        return any([f.undo_step(first) for f in self.items])
+
+    def record(self, record: dict) -> dict:
+        for f in self.items:
+            record = record | f.record(record)
+        return record
+
+    def state_dict(self) -> dict:
+        return {f.name: f.state_dict() for f in self.items if f.state_dict()}
+
+    def load_state_dict(self, states: dict) -> None:
+        """Each feature's saved state; a state saved for a feature this run does not have is refused (ValueError)."""
+        unknown = sorted(set(states) - {f.name for f in self.items})
+        if unknown:
+            raise ValueError(f"the checkpoint holds the state of feature(s) {unknown}, which this run does not have")
+        for f in self.items:
+            if f.name in states:
+                f.load_state_dict(states[f.name])

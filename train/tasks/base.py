@@ -1,0 +1,84 @@
+"""What every task shares: `Problem`, the prompt-template check and the hash split of the procedural tasks.
+
+A task yields `Problem(prompt, answer)`. `prompt` is the user message (the chat template is applied by the trainer);
+`answer` is the ground-truth string that `rewards.correctness_reward` compares against (for HumanEval a
+`rewards.CodeTests`, whose reward runs the tests).
+
+The procedural tasks are seeded and split by a hash of the question (`_is_heldout`; HumanEval splits by a hash of its
+task id): a problem whose hash falls in the held-out bucket is never drawn for training, so held-out accuracy measures
+generalization to unseen problems, not memorization.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import string
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+    question: str = ""  # the bare question (for logs)
+
+
+ANSWER_IS_TEMPLATE = "{question}\nPut the final answer after 'The answer is'."  # word problems, GSM8K, MATH
+TEMPLATE_FIELDS = ("question",)  # the fields a prompt template may use
+
+
+def check_template(template: str) -> str:
+    """A prompt template: `str.format` text with `{question}` (at least once) and no other field."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:  # unbalanced braces
+        raise ValueError(f"prompt_template={template!r}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    unknown = sorted({n for n in names if n not in TEMPLATE_FIELDS})
+    if unknown:
+        raise ValueError(
+            f"prompt_template={template!r}: unknown field(s) {', '.join('{' + n + '}' for n in unknown)}; "
+            "the only field is {question}"
+        )
+    if "question" not in names:
+        raise ValueError(f"prompt_template={template!r}: has no {{question}} field (every prompt would be the same)")
+    return template
+
+
+def _is_heldout(question: str, heldout_frac: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "little")
+    return (h % 10_000) < heldout_frac * 10_000
+
+
+class ProceduralTask:
+    """A task drawn from `_generate(rng) -> (question, answer)`, split into training and held-out problems by a hash
+    of the question (`_is_heldout`)."""
+
+    system_prompt: str | None = None
+    template: str
+    heldout_frac: float
+
+    def _generate(self, rng: random.Random) -> tuple[str, int]:
+        raise NotImplementedError
+
+    def _draw(self, rng: random.Random, heldout: bool) -> Problem:
+        for _ in range(10_000):
+            question, answer = self._generate(rng)
+            if _is_heldout(question, self.heldout_frac) == heldout:
+                return Problem(self.template.format(question=question), str(answer), question)
+        raise RuntimeError("could not draw a problem from the requested split; change heldout_frac")
+
+    def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        """n training problems (never from the held-out split)."""
+        return [self._draw(rng, heldout=False) for _ in range(n)]
+
+    def heldout(self, n: int, seed: int) -> list[Problem]:
+        """A fixed held-out set: the same n problems for a given seed, disjoint from every training draw."""
+        rng = random.Random(f"heldout-{seed}")
+        seen: dict[str, Problem] = {}
+        for _ in range(50 * n):  # distinct problems (small levels run out: then the larger ones fill the set)
+            p = self._draw(rng, heldout=True)
+            seen.setdefault(p.question, p)
+            if len(seen) == n:
+                break
+        return list(seen.values())

@@ -1,0 +1,141 @@
+"""`--task gsm8k` and `--task math`: problems from a local JSON Lines file (`--data-path`), or, without one, from the
+Hugging Face dataset when the `datasets` library has it cached. The two tasks differ only in which dataset that is."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from train.rewards import extract_answer
+from train.tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
+from train.tasks.registry import register_task
+
+QUESTION_KEYS = ("question", "problem", "prompt")  # the problem text: the first of these present in a row
+ANSWER_KEYS = ("answer", "solution")  # the ground truth: GSM8K "... #### 42", MATH "... \\boxed{42}", or a bare value
+JSONL_EXPECTED = (
+    "expected JSON Lines: one JSON object per line with a question (one of question/problem/prompt) and an answer "
+    '(answer/solution), e.g. {"question": "What is 2 + 3?", "answer": "5"}'
+)
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of every non-blank line of a JSON Lines file. A file that is not UTF-8 text, a line that is
+    not JSON, or a row that is not an object raises ValueError naming the file, the line and what was expected."""
+    data = Path(path).read_bytes()
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: a NUL byte: a binary file, not text; {JSONL_EXPECTED}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text ({exc.reason}); {JSONL_EXPECTED}") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{path}: line {number}: not valid JSON ({exc.msg}, column {exc.colno}); {JSONL_EXPECTED}"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {number}: a JSON {type(row).__name__}, not an object; {JSONL_EXPECTED}")
+        rows.append((number, row))
+    return rows
+
+
+class JsonlTask:
+    """GSM8K / MATH style problems from a local JSONL file.
+
+    Accepted fields: question/problem/prompt for the text; answer (GSM8K "... #### 42" or a bare value) or solution
+    (MATH, the last \\boxed{...}) for the ground truth. Every row must have both (a row without them is an error
+    naming its line, not skipped). The last `heldout_frac` of the shuffled file is held out.
+    """
+
+    system_prompt: str | None = None  # the chat template's default
+
+    def __init__(self, path: str, prompt_template: str = "{question}", heldout_frac: float = 0.2, seed: int = 0):
+        check_template(prompt_template)
+        problems = [self._parse(row, prompt_template, f"{path}: line {n}") for n, row in read_jsonl(path)]
+        if len(problems) < 2:
+            raise ValueError(f"{path}: {len(problems)} problem(s); need at least 2 (training and held-out)")
+        random.Random(seed).shuffle(problems)
+        n_held = max(1, int(len(problems) * heldout_frac))
+        self.train, self.test = problems[:-n_held], problems[-n_held:]
+
+    @staticmethod
+    def _parse(row: dict, template: str, where: str) -> Problem:
+        question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+        raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
+        if question is None or raw is None:
+            missing = " and ".join(
+                what
+                for what, value in (
+                    ("a question (question/problem/prompt)", question),
+                    ("an answer (answer/solution)", raw),
+                )
+                if value is None
+            )
+            raise ValueError(f"{where}: missing {missing}; the row has keys {sorted(row)}; {JSONL_EXPECTED}")
+        answer = extract_answer(str(raw)) if ("####" in str(raw) or "\\boxed" in str(raw)) else str(raw).strip()
+        if not answer:
+            raise ValueError(
+                f"{where}: no final answer in {str(raw)[:80]!r}; expected a bare value, GSM8K's '#### 42' or MATH's "
+                "\\boxed{42}"
+            )
+        return Problem(template.format(question=question), answer, str(question))
+
+    def sample(self, n: int, rng: random.Random) -> list[Problem]:
+        return [rng.choice(self.train) for _ in range(n)]
+
+    def heldout(self, n: int, seed: int) -> list[Problem]:
+        return self.test[:n]
+
+
+def _datasets_to_jsonl(name: str) -> str:
+    """Materialize a Hugging Face dataset (when `datasets` is installed and the data is cached) as a temp JSONL."""
+    import tempfile
+
+    from datasets import load_dataset  # optional dependency
+
+    ds = (
+        load_dataset("openai/gsm8k", "main", split="train")
+        if name == "gsm8k"
+        else load_dataset("hendrycks/competition_math", split="train")
+    )
+    path = Path(tempfile.mkdtemp()) / f"{name}.jsonl"
+    path.write_text("\n".join(json.dumps(dict(row)) for row in ds))
+    return str(path)
+
+
+def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int):
+    if data_path is None:
+        try:
+            data_path = _datasets_to_jsonl(name)
+        except Exception as exc:  # noqa: BLE001 -- any failure means "no local copy"
+            raise ValueError(
+                f"task={name!r} needs --data-path FILE.jsonl (question/answer or problem/solution per line); "
+                f"loading it with the datasets library failed: {exc}"
+            ) from exc
+    return JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+
+
+@register_task(
+    "gsm8k",
+    help="GSM8K grade-school math from --data-path FILE.jsonl (or a cached Hugging Face copy)",
+    reads_data_path=True,
+)
+def make_gsm8k(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, **_) -> JsonlTask:
+    return _make_jsonl_task("gsm8k", data_path, prompt_template, heldout_frac, seed)
+
+
+@register_task(
+    "math",
+    help="MATH competition problems from --data-path FILE.jsonl (or a cached Hugging Face copy)",
+    reads_data_path=True,
+)
+def make_math(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, **_) -> JsonlTask:
+    return _make_jsonl_task("math", data_path, prompt_template, heldout_frac, seed)

@@ -1,0 +1,161 @@
+"""The update of one rollout batch: for each optimizer pass, the loss on the policy's hidden states (the ops, never
+logits) -> backward -> gradient clipping -> the optimizer step, with the features' hooks around them; then the
+schedule's step.
+
+A non-finite loss or gradient skips that pass's update (weights and Adam state untouched); a step the step guard
+undoes counts as skipped too. Signals are held from the first optimizer step on (the loop releases them after the
+step's commit), so a checkpoint never sees half an update. The targets' range is checked by the step's first op
+call only: one host sync per step."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels import sgrpo_loss
+from sgrpo_kernels.integrations.hf import lm_head
+from sgrpo_kernels.rl import GroupSignals
+from train.distributed import Dist
+from train.policy import completion_targets, reference_logprobs
+from train.rollout import Batch
+from train.run.signals import STOP
+
+
+@dataclass
+class Update:
+    """What the optimizer passes of one batch left."""
+
+    metrics: dict[str, Tensor] | None = None  # sgrpo_loss metrics of the last pass (also a skipped one)
+    grad_norm: float = math.nan  # pre-clip norm of the last pass that got a gradient; nan when none did
+    skipped: int = 0  # passes whose update was dropped (non-finite loss, gradient, or weights after the step)
+    notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
+    applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
+
+    def skip(self, note: str) -> None:
+        self.skipped += 1
+        self.notes.append(note)
+
+
+def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float | None:
+    """The factor that turns this rank's loss into its share of the loss of the global batch (every rank's groups),
+    given that DDP averages the ranks' gradients; None when the loss needs none (one process, or a mean over
+    completions: the ranks hold equal numbers of completions, so the average of their means is the global mean).
+
+    - `token-mean` (dapo, lite_ppo): the global loss is sum_r S_r / N with S_r the rank's token sum and N the global
+      token count, and the rank computes S_r / n_r; so the factor is n_r * world / N (one all-reduce of the token
+      count per step, shared by its passes).
+    - `seq-sum-token-mean` (gtpo_official): the global loss is the sum of the ranks' sums, which the average divides
+      by world; so the factor is world (no collective).
+
+    The entropy terms are scaled with the rest: the bonus aggregates like the policy term (exact); the entropy band
+    penalty is a function of the rank's mean entropy, not a sum over tokens, and stays a rank-level approximation (as
+    it is for every aggregation under DDP). The TRL integration makes the same correction."""
+    if not dist.enabled:
+        return None
+    if loss_agg == "token-mean":
+        local = completion_mask.sum().to(dist.device, torch.float64)
+        total = dist.sum(local)
+        return float(local * dist.world / total.clamp(min=1))
+    if loss_agg == "seq-sum-token-mean":
+        return float(dist.world)
+    return None
+
+
+def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], bool | None]):
+    """The batch's loss as a function of the current weights, `forward_loss(check_targets) -> (loss, metrics)`. What
+    does not change between passes is computed here once: the targets, the features' loss inputs (old-policy
+    log-probs), the reference's log-probs (KL presets) and this rank's loss scale."""
+    targets = completion_targets(batch)
+    inputs = run.features.loss_inputs(batch, check)  # e.g. old_logp of the behaviour policy (PPO epochs)
+    if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
+        g = run.sampling.group_size
+        inputs["ref_logp"] = reference_logprobs(
+            run.model, run.ref_model, batch, run.sampling.temperature, run.backend, g, check()
+        )
+    scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
+
+    def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
+        # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
+        hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        head = lm_head(run.model)
+        loss, metrics = sgrpo_loss(
+            hidden,
+            head.weight,
+            targets,
+            groups.advantages,
+            batch.completion_mask,
+            run.loss_cfg,
+            temperature=run.sampling.temperature,
+            **inputs,
+            **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
+            compute_entropy=True,
+            backend=run.backend,
+            check_targets=check_targets,
+            **head.options(),  # bias, logit scale, softcap of this model's head
+        )
+        if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
+            loss = loss * scale
+            metrics = {**metrics, "loss": metrics["loss"] * scale}
+        return loss, metrics
+
+    return forward_loss
+
+
+def optimizer_step(run, update: Update, which: str, where: str) -> None:
+    """The optimizer step with the features around it (step guard, trust region). An exception inside it undoes it
+    when a feature can (the step guard, for the batch's first step); an undone step counts as skipped."""
+    first = not update.applied
+    run.features.before_optimizer_step()
+    update.applied = True
+    try:
+        run.optimizer.step()
+        undone = run.features.after_optimizer_step(where)
+    except BaseException:
+        if run.features.undo_step(first):
+            update.applied = False
+        raise
+    if undone is not None:
+        update.applied = not first
+        update.skip(f"{which}: {undone}")
+
+
+def optimizer_pass(run, forward_loss, update: Update, check, which: str, where: str) -> None:
+    """One pass: loss -> backward -> (features) -> clip -> optimizer step, unless the loss or gradient is
+    non-finite (on any rank: every rank skips, so they stay in step)."""
+    run.optimizer.zero_grad(set_to_none=True)
+    loss, update.metrics = forward_loss(check())
+    if run.dist.any(not bool(torch.isfinite(loss))):
+        return update.skip(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
+    loss.backward()
+    run.features.after_backward(lambda: forward_loss(False)[0].backward())  # e.g. the gradient penalty
+    update.grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, run.max_grad_norm))
+    if not math.isfinite(update.grad_norm):
+        run.optimizer.zero_grad(set_to_none=True)
+        return update.skip(f"{which}: gradient norm {update.grad_norm}: no optimizer step")
+    STOP.hold()  # from the first optimizer step to the step's commit, a Ctrl-C / SIGTERM waits
+    optimizer_step(run, update, which, where)
+
+
+def policy_update(run, batch: Batch, groups: GroupSignals, update: Update, step: int) -> Update:
+    """Every optimizer pass over one rollout batch (`run.features.epochs` of them), then the schedule's step.
+    `update` is filled in as it goes: after an exception, `update.applied` says whether the weights moved."""
+    check = itertools.chain([None], itertools.repeat(False)).__next__  # None: env SGRPO_CHECK_TARGETS (default on)
+    run.features.before_update()
+    forward_loss = loss_function(run, batch, groups, check)
+    run.model.train()
+    epochs = run.features.epochs
+    for epoch in range(epochs):
+        which = f"epoch {epoch + 1}/{epochs}"
+        optimizer_pass(run, forward_loss, update, check, which, f"step {step} ({which})")
+    run.optimizer.zero_grad(set_to_none=True)
+    with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        run.scheduler.step()
+    STOP.hold()  # until the step's commit (also when every pass was skipped)
+    return update
