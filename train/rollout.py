@@ -1,4 +1,4 @@
-"""Rollouts: G sampled completions per prompt, tokenized for the loss, plus rewards.
+"""Rollouts: G sampled completions per prompt, tokenized for the loss, plus rewards; the `Batch` they make.
 
 HF `generate` on any device; a vLLM engine on CUDA when vllm is installed (its weights are synced from the trainer
 after each optimizer step, and log-probs are always recomputed by the trainer, never taken from vLLM).
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from train.model import decoder
 from train.rewards import correctness_rewards, extract_answer, format_reward
 from train.tasks import Problem
 
@@ -75,8 +76,6 @@ def shared_prompt_cache(model, ids: Tensor, mask: Tensor, n: int):
     that halves the rollout's compute). Positions follow the left padding, as generate's own would; the completions
     are the ones generate gives without the shared cache (same numbers; tested)."""
     from transformers import DynamicCache
-
-    from train.model import decoder
 
     dec = decoder(model)
     cache = DynamicCache(config=dec.config)
