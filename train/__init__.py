@@ -1,1 +1,1 @@
-"""The bundled trainer: `python -m train` (see train/README.md and the Training section of README.md)."""
+"""The bundled trainer: `python -m train` (docs/trainer.md)."""

@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-preset",
         default="default",
         choices=sorted(RUN_PRESETS),
-        help="named sizes applied before the other flags: default (the README's CPU job: the defaults below), smoke "
-        "(2 tiny steps), gpu [default: default]",
+        help="named sizes applied before the other flags: default (the default job, docs/trainer.md: the defaults "
+        "below), smoke (2 tiny steps), gpu [default: default]",
     )
     specs = field_specs(TrainConfig)
     for f in fields(TrainConfig):

@@ -258,8 +258,8 @@ RESUME_SAFE = frozenset(
 
 # Named run presets (trainer-level); --preset picks the algorithm, these pick sizes.
 RUN_PRESETS: dict[str, dict] = {
-    # The README's CPU job: the dataclass defaults, a fixed 30 steps and no time budget, so that its result does not
-    # depend on how busy the machine is.
+    # The default job (docs/trainer.md): the dataclass defaults, a fixed 30 steps and no time budget, so that its
+    # result does not depend on how busy the machine is.
     "default": {},
     "smoke": {
         "max_steps": 2,

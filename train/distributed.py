@@ -1,7 +1,7 @@
 """Data-parallel training under torchrun: the process's place in the job (`Dist`) and the few collectives the trainer
 needs. `torchrun --nproc_per_node N -m train ...` sets RANK / WORLD_SIZE / LOCAL_RANK; `python -m train` is a job
 of one (every helper is then a no-op and nothing changes). gloo on CPU, nccl on CUDA. What is sharded and what is
-replicated: README, "More than one device"."""
+replicated: docs/trainer.md, "More than one device"."""
 
 from __future__ import annotations
 

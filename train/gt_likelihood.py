@@ -1,14 +1,14 @@
-"""The dense reward of grpo-stability-experiments.md, section 3.3: the likelihood of the ground-truth answer given the
-model's own reasoning, R = P_theta(GT answer | prompt, generated reasoning), computed with the forward-only op from
-hidden states (no logits).
+"""The ground-truth likelihood reward (proposed in the S-GRPO design notes): the likelihood of the ground-truth answer
+given the model's own reasoning, R = P_theta(GT answer | prompt, generated reasoning), computed with the forward-only
+op from hidden states (no logits).
 
-Reading (the seed gives the formula and the outcome, not the details):
+Reading (the proposal gives the formula and the outcome, not the details):
 - "to replace binary zeros": a correct completion keeps reward 1; a wrong one gets R in [0, 1] (`dense_rewards`).
 - "generated reasoning": the completion cut just before its own final answer (`train.rewards.extract_answer`, the
   last occurrence of that answer in the text); the whole completion when it states none. The context is then
   prompt + reasoning + `answer_prefix` ("The answer is "), and R is the probability of the ground-truth answer's
   tokens after it: exp(sum of their log-probs), at temperature 1 (the model's likelihood, not the sampler's).
-- The seed reports that optimizing this reward decouples reasoning from conclusions (reward hacking): the reward
+- The proposal reports that optimizing this reward decouples reasoning from conclusions (reward hacking): the reward
   rises when the reasoning makes the answer likely, whether or not it is valid. This module only computes it; the
   trainer's `--dense-reward gt_likelihood` makes it the reward so a study can show that outcome.
 """
@@ -112,7 +112,7 @@ def gt_likelihood(
 
 
 def dense_rewards(correct: Tensor, likelihood: Tensor) -> Tensor:
-    """1 for a correct completion, else its GT likelihood (the seed's R_new replaces the binary zeros)."""
+    """1 for a correct completion, else its GT likelihood (R replaces the binary zeros)."""
     if correct.shape != likelihood.shape:
         raise ValueError(f"correct {tuple(correct.shape)} and likelihood {tuple(likelihood.shape)}: expected one shape")
     return torch.where(correct.bool(), torch.ones_like(likelihood), likelihood)

@@ -84,7 +84,8 @@ RESEARCH_ARMS: dict[str, Arm] = {
             "the s_grpo arm + gradient penalty 0.05/2 max(0, ||g|| - 1)^2 (finite-difference Hessian-vector product)",
             train={"grad_penalty": "0.05", "grad_penalty_gamma": "1.0"}),
         # wrong completions that share what precedes their answer get the same likelihood, so on answer-only completions
-        # the group-normalized advantages are mostly the binary reward's (train/README.md, "Dense reward")
+        # the group-normalized advantages are mostly the binary reward's (docs/trainer.md, "Dense reward from the
+        # ground-truth likelihood")
         Arm("s_grpo_gtl", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
             "the s_grpo arm, a wrong completion's reward P(GT answer | its reasoning) (--dense-reward gt_likelihood)",
             train={"dense_reward": "gt_likelihood"}),
@@ -94,7 +95,7 @@ RESEARCH_ARMS: dict[str, Arm] = {
 # The trainer overrides of the study's named regimes (applied to every arm; `--set` adds to them). Each value is what
 # `python -m train --FLAG VALUE` takes.
 REGIMES: dict[str, dict[str, str]] = {
-    # The README's default job (30 steps, 4 prompts x 8 completions, lr 5e-5, top 12 layers), with 100 held-out
+    # The default job (docs/trainer.md) (30 steps, 4 prompts x 8 completions, lr 5e-5, top 12 layers), with 100 held-out
     # problems instead of 200 (the seed-to-seed spread dominates the error; see docs/study.md) evaluated every 10
     # steps for the accuracy curve.
     "default": {"eval_problems": "100", "eval_every": "10"},
