@@ -168,8 +168,8 @@ def group_advantages(
               :math:`A_i = (r_i - \mu')/(\sigma' + \epsilon)` (``k=1``, ``r_max=1``, ``eps=1e-6``). All-fail groups
               get negative advantages. Source: NGRPO (negative-enhanced GRPO, 2025; k=1, r_max=1, eps=1e-6 as there).
             - ``"all_fail_negative"``: the ``base`` method (default ``"grpo"``) except that groups whose valid
-              rewards are all ``<= r_min`` (default 0) get :math:`A_i = -c` (``c=1.0``). Source: the project seed
-              grpo-stability-experiments.md, section 3.2.
+              rewards are all ``<= r_min`` (default 0) get :math:`A_i = -c` (``c=1.0``). Source: proposed in the S-GRPO
+              design notes (NGRPO is the related published method).
 
         return_stats: also return a dict of 0-d tensors (no host sync; :func:`~sgrpo_kernels.rl.metrics_to_floats`
             converts them in one copy): ``zero_variance_frac`` (groups whose valid rewards are all equal

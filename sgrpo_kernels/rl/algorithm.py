@@ -139,7 +139,7 @@ def _gtpo_official() -> LossConfig:
 
 
 def _s_grpo() -> LossConfig:
-    # The seed's S-GRPO (s-grpo-reference-free.md): GRPO advantages, high-entropy completions filtered (ln 2), conflict
+    # S-GRPO as its design notes define it: GRPO advantages, high-entropy completions filtered (ln 2), conflict
     # tokens of negative completions masked and positive ones kept at 1 ("reduce gradient on conflicts";
     # set conflict_w_pos=2.0 for GTPO's amplification), optional positive_only (off), entropy floor
     # lambda_H * max(0, H_min - H) with H_min = 0.3 nats, lambda_H = 0.1 (project defaults), no reference model.
@@ -156,7 +156,7 @@ def _s_grpo() -> LossConfig:
 
 
 def _s_grpo_afn() -> LossConfig:
-    # S-GRPO (as s_grpo) + the negative advantage for all-fail groups of grpo-stability-experiments.md, section 3.2:
+    # S-GRPO (as s_grpo) + the negative advantage for all-fail groups proposed in the S-GRPO design notes:
     # groups whose rewards are all <= r_min (0) get A = -c instead of 0, so consistently failing modes are pushed down
     # (an exploration driver where GRPO has no gradient; NGRPO is the related published method). c = 1: one group
     # standard deviation, the scale of a GRPO advantage in a mixed group. Mixed groups keep GRPO advantages.

@@ -5,11 +5,11 @@ Detection (``detect``):
 - ``"positional"`` (GTPO, Simoni et al., arXiv 2508.03772, paper section "conflict-aware gradient correction", and its
   official code github.com/winstonsmith1897/GTPO): the same token at the same position, on prefix runs and
   right-aligned suffix runs only.
-- ``"anywhere"`` (the S-GRPO seed's pseudo-code, s-grpo-reference-free.md, "Proposed Algorithm": "Shared = tokens
-  appearing in both r=1 and r=0 completions"): the same token id anywhere in the two completions.
+- ``"anywhere"`` (the pseudo-code of the S-GRPO design notes: "Shared = tokens appearing in both r=1 and r=0
+  completions"): the same token id anywhere in the two completions.
 
-Strategies: GTPO's lambda = 2 / 0 (``"gtpo"``) and the seed's resolution table (section 2, "Token Conflict
-Detection"): skip, weight by P(success | token), causal (counterfactual credit), aggregate (majority vote).
+Strategies: GTPO's lambda = 2 / 0 (``"gtpo"``) and the resolution table of the S-GRPO design notes: skip, weight by
+P(success | token), causal (counterfactual credit), aggregate (majority vote).
 """
 
 from __future__ import annotations

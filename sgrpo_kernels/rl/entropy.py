@@ -88,8 +88,8 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
     batch's reward range, population variance per group over non-NaN rewards) means the group carries learning signal,
     so more exploration is tolerated (up to ln 3 at the maximum binary variance); a larger group averages noisy
     completions, so the threshold grows with :math:`\ln G` relative to the vocabulary's maximum entropy
-    :math:`\ln |V|`. This is the project's heuristic for the seed's open question (s-grpo-reference-free.md, section
-    1), not a proven bound.
+    :math:`\ln |V|`. This is the project's heuristic for an open question of the S-GRPO design notes (how to set the
+    threshold from the data), not a proven bound.
 
     Args:
         rewards: ``[B]`` rewards (NaN ignored); group_size: G; vocab_size: |V| >= 2.
@@ -118,7 +118,7 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
 
 def coverage_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int) -> Tensor:
     r"""Per-group completion-entropy threshold :math:`H_{thr} = f(\mathrm{Var}[r], G, |V|)`, derived from a coverage
-    argument (docs/rl.md, "The coverage entropy threshold"; seed s-grpo-reference-free.md, section 1).
+    argument (docs/rl.md, "The coverage entropy threshold").
 
     .. math::
         n_{eff,g} = \frac{\bigl(\sum_{i \in g} |r_i - \bar r_g|\bigr)^2}{\sum_{i \in g} (r_i - \bar r_g)^2}
