@@ -1,27 +1,38 @@
-"""The two ops of the contract, defined once with torch.library: schema, fake implementation, autograd.
+"""The two public ops, `linear_logprobs` and `logprobs_from_logits`, their result types, and the forward custom ops
+they call.
 
-Layers (docs/design.md): the public functions `linear_logprobs`, `logprobs_from_logits` (validation, backend
-resolution, flattening of leading dims) -> custom ops `sgrpo::linear_logprobs_fwd/_bwd`,
-`sgrpo::logprobs_from_logits_fwd/_bwd(_)` with autograd -> the backend named in their arguments
-(`sgrpo_kernels.backends`).
+Layers (docs/design.md): these functions (boundary checks, one :class:`~sgrpo_kernels.backends.HeadOptions` built from
+the head keywords, backend resolution, flattening of leading dims) -> the custom ops `sgrpo::linear_logprobs_fwd`,
+`sgrpo::logprobs_from_logits_fwd` (defined here: the target check, then the backend's forward) with their schema,
+`Call` and autograd from `sgrpo_kernels.custom_ops` (the backward custom ops) -> the backend named in the `Call`.
 
-Every custom op takes its tensors, then the fields of one :class:`Call` (the backend, the target check and the
-backend :class:`~sgrpo_kernels.backends.Options`). The schemas, the fakes, `setup_context` and the backwards pack and
-unpack that one structure, so adding an option is one new `Options` field (and its keyword in the public function).
+Results are NamedTuples: :class:`LogProbs` ``(logp, entropy)`` by default, so ``logp, entropy = linear_logprobs(...)``
+unpacks two values as it always has, and :class:`LogProbsWithMax` ``(logp, entropy, max_logprob)`` with
+``return_max_logprob=True``. Both have ``.logp``, ``.entropy`` and ``.max_logprob`` (None on :class:`LogProbs`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.backends import Options, get, resolve, stats_dtype
+from sgrpo_kernels.backends import HeadOptions, Options, get, resolve
+from sgrpo_kernels.custom_ops import (
+    STATS,
+    Call,
+    custom_op,
+    linear_backward,
+    linear_setup_context,
+    logits_backward,
+    logits_setup_context,
+    row_stats_fake,
+)
 from sgrpo_kernels.validation import (
     check_flag,
     check_global_vocab,
-    check_head_options,
     check_linear_inputs,
     check_logits_inputs,
     check_memory_budget,
@@ -32,82 +43,46 @@ from sgrpo_kernels.validation import (
 )
 from sgrpo_kernels.vocab_parallel import LinearVP, LogitsVP, shard_range
 
-__all__ = ["linear_logprobs", "logprobs_from_logits"]
+__all__ = ["LogProbs", "LogProbsWithMax", "linear_logprobs", "logprobs_from_logits"]
 
 ENV_MEMORY_BUDGET_MB = "SGRPO_MEMORY_BUDGET_MB"
 ENV_CHECK_TARGETS = "SGRPO_CHECK_TARGETS"
+# the head options logprobs_from_logits serves: its logits already are the head's output, scaled and capped
+LOGITS_HEAD_OPTIONS = ("temperature", "ignore_index")
 
 
-# ---------------------------------------------------------------------------------------- the op arguments, once
+# ------------------------------------------------------------------------------------------------------- results
 
 
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """The non-tensor arguments of every sgrpo:: custom op.
+class LogProbs(NamedTuple):
+    """What the ops return by default: unpacks into exactly two values, ``logp, entropy = op(...)``."""
 
-    backend: the resolved backend name; check_targets: verify that targets lie in [0, V) (one host sync, forward
-    only); opts: what the backend receives.
-    """
+    logp: Tensor  # (...) float32 (float64 for float64 inputs), the leading shape of the input
+    entropy: Tensor | None  # same; None with return_entropy=False
 
-    backend: str
-    check_targets: bool
-    opts: Options
-
-    def pack(self) -> tuple:
-        return (self.backend, self.check_targets, *(getattr(self.opts, f.name) for f in _OPTION_FIELDS))
-
-    @classmethod
-    def unpack(cls, args: tuple) -> Call:
-        backend, check, *values = args
-        return cls(backend, check, Options(*values))
-
-    def for_backward(self, **grads_needed: bool) -> Call:
-        return dataclasses.replace(self, opts=dataclasses.replace(self.opts, need_stats=True, **grads_needed))
+    @property
+    def max_logprob(self) -> None:
+        """Not requested (return_max_logprob=False): None, so code may read ``.max_logprob`` of either result."""
+        return None
 
 
-_OPTION_FIELDS = dataclasses.fields(Options)
-_N_CALL = 2 + len(_OPTION_FIELDS)  # the Call fields in a schema: backward returns None for each
-_CALL_SCHEMA = "str backend, bool check_targets, " + ", ".join(f"{f.type} {f.name}" for f in _OPTION_FIELDS)
-# stats (2, N) = [row max m; log s] of z = logits / temperature (backends/contract.py), kept for the backward;
-# entropy is empty (0,) and stats empty (2, 0) when not requested
-_STATS = "(Tensor logp, Tensor entropy, Tensor stats)"
+class LogProbsWithMax(NamedTuple):
+    """What the ops return with ``return_max_logprob=True``: ``logp, entropy, max_logprob = op(...)``."""
+
+    logp: Tensor
+    entropy: Tensor | None
+    max_logprob: Tensor  # log p_max per row, detached (no gradient), 0 on ignored rows
 
 
-def _custom_op(name: str, tensors: str, returns: str, mutates: tuple[str, ...] = ()):
-    """Decorator: a custom op `sgrpo::name(tensors..., <Call fields>) -> returns`."""
-    schema = f"({tensors}, {_CALL_SCHEMA}) -> {returns}"
-    return lambda fn: torch.library.custom_op(f"sgrpo::{name}", fn, mutates_args=mutates, schema=schema)
+# ------------------------------------------------------------------------------------------ the forward custom ops
+# Defined here, next to the public functions, so that the target check they run is this module's
+# `check_target_values`: the one name a caller counts or replaces (the trainer's tests count checks per step).
 
 
-def _row_stats_fake(ref: Tensor, call: Call) -> tuple[Tensor, Tensor, Tensor]:
-    n, kw = ref.shape[0], dict(dtype=stats_dtype(ref.dtype), device=ref.device)
-    return (
-        ref.new_empty((n,), **kw),
-        ref.new_empty((n if call.opts.return_entropy else 0,), **kw),
-        ref.new_empty((2, n if call.opts.need_stats else 0), **kw),
-    )
-
-
-def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, stats: Tensor, entropy: Tensor, call: Call):
-    """The two upstream gradients in the statistics dtype, and the saved entropy; None where the entropy was not
-    requested or received no gradient."""
-    ent = call.opts.return_entropy
-    g_ent = grad_entropy.to(stats.dtype) if (ent and grad_entropy is not None) else None
-    return grad_logp.to(stats.dtype), g_ent, (entropy if ent else None)
-
-
-def _check_saved(stats: Tensor, n: int, op: str) -> None:
-    if stats.shape != (2, n):
-        raise RuntimeError(f"{op}: backward called on a forward that saved no statistics (need_stats=False)")
-
-
-# -------------------------------------------------------------------------------------------------- linear_logprobs
-
-
-@_custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", _STATS)
+@custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", STATS)
 def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *call: object):
     """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64
-    inputs)."""
+    inputs). The target check (a host sync) runs in here, where torch.compile does not trace it."""
     call = Call.unpack(call)
     if call.check_targets:
         check_target_values(targets, weight.shape[0], call.opts.ignore_index)
@@ -116,65 +91,13 @@ def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: T
 
 @linear_logprobs_fwd.register_fake
 def _(hidden, weight, targets, bias, *call):
-    return _row_stats_fake(hidden, Call.unpack(call))
+    return row_stats_fake(hidden, Call.unpack(call))
 
 
-@_custom_op(
-    "linear_logprobs_bwd",
-    "Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor stats, "
-    "Tensor? entropy",
-    "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)",
-)
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call: object):
-    """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,); a gradient that is not needed (no bias, or
-    need_grad_* False) comes back as an empty (0,) tensor."""
-    call = Call.unpack(call)
-    opts = call.opts
-    grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats,
-                                                  entropy, opts)
-    wanted = (opts.need_grad_hidden, opts.need_grad_weight, opts.need_grad_weight and bias is not None)
-    return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
+torch.library.register_autograd("sgrpo::linear_logprobs_fwd", linear_backward, setup_context=linear_setup_context)
 
 
-@linear_logprobs_bwd.register_fake
-def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call):
-    opts = Call.unpack(call).opts
-
-    def like(t, wanted):
-        return torch.empty_like(t) if (wanted and t is not None) else hidden.new_empty((0,))
-
-    return like(hidden, opts.need_grad_hidden), like(weight, opts.need_grad_weight), like(bias, opts.need_grad_weight)
-
-
-def _linear_setup_context(ctx, inputs, output):
-    hidden, weight, targets, bias, *call = inputs
-    _, entropy, stats = output
-    ctx.save_for_backward(hidden, weight, targets, bias, stats, entropy)
-    ctx.call = Call.unpack(tuple(call))
-    ctx.has_bias = bias is not None
-
-
-def _linear_backward(ctx, grad_logp, grad_entropy, _grad_stats):
-    hidden, weight, targets, bias, stats, entropy = ctx.saved_tensors
-    _check_saved(stats, hidden.shape[0], "linear_logprobs")
-    need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
-    need_b = ctx.has_bias and need_b
-    call = ctx.call.for_backward(need_grad_hidden=need_h, need_grad_weight=need_w or need_b)
-    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
-    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, stats, ent, *call.pack())
-    return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None) + (None,) * _N_CALL
-
-
-torch.library.register_autograd("sgrpo::linear_logprobs_fwd", _linear_backward, setup_context=_linear_setup_context)
-
-
-# --------------------------------------------------------------------------------------------- logprobs_from_logits
-
-_LOGITS_BWD_TENSORS = ("Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits, Tensor targets, Tensor stats, "
-                       "Tensor? entropy")
-
-
-@_custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", _STATS)
+@custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", STATS)
 def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
     """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64 inputs)."""
     call = Call.unpack(call)
@@ -185,59 +108,10 @@ def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
 
 @logprobs_from_logits_fwd.register_fake
 def _(logits, targets, *call):
-    return _row_stats_fake(logits, Call.unpack(call))
+    return row_stats_fake(logits, Call.unpack(call))
 
 
-@_custom_op("logprobs_from_logits_bwd", _LOGITS_BWD_TENSORS.format(""), "Tensor")
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object):
-    """-> grad_logits (N, V) in a new buffer."""
-    call = Call.unpack(call)
-    return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy,
-                                                      call.opts)
-
-
-@logprobs_from_logits_bwd.register_fake
-def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
-    return torch.empty_like(logits)
-
-
-@_custom_op("logprobs_from_logits_bwd_", _LOGITS_BWD_TENSORS.format("(a!)"), "()", mutates=("logits",))
-def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object) -> None:
-    """In-place variant (call.opts.inplace_backward): overwrites `logits` with grad_logits chunk by chunk, no second
-    (N, V) buffer."""
-    call = Call.unpack(call)
-    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, call.opts)
-
-
-@logprobs_from_logits_bwd_.register_fake
-def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
-    return None
-
-
-def _logits_setup_context(ctx, inputs, output):
-    logits, targets, *call = inputs
-    _, entropy, stats = output
-    ctx.save_for_backward(logits, targets, stats, entropy)
-    ctx.call = Call.unpack(tuple(call))
-
-
-def _logits_backward(ctx, grad_logp, grad_entropy, _grad_stats):
-    logits, targets, stats, entropy = ctx.saved_tensors
-    _check_saved(stats, logits.shape[0], "logprobs_from_logits")
-    call = ctx.call.for_backward()
-    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
-    args = (g_logp, g_ent, logits, targets, stats, ent, *call.pack())
-    if call.opts.inplace_backward:
-        logprobs_from_logits_bwd_(*args)
-        grad = logits
-    else:
-        grad = logprobs_from_logits_bwd(*args)
-    return (grad, None) + (None,) * _N_CALL
-
-
-torch.library.register_autograd(
-    "sgrpo::logprobs_from_logits_fwd", _logits_backward, setup_context=_logits_setup_context
-)
+torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", logits_backward, setup_context=logits_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -274,32 +148,52 @@ def _max_logprob(stats: Tensor, lead: torch.Size) -> Tensor:
     return (0.0 - stats[1]).detach().view(lead)  # 0 - 0 = +0.0 on ignored rows
 
 
+def _fold_scale(head: HeadOptions) -> HeadOptions:
+    """Without a nonlinear head, z = scale * logits / T = logits / (T / scale): exact, and every backend serves it."""
+    if head.nonlinear_head:
+        return head
+    return dataclasses.replace(head, temperature=head.temperature / head.logit_scale, logit_scale=1.0)
+
+
+def _result(
+    logp: Tensor, entropy: Tensor, stats: Tensor | None, lead: torch.Size, opts: Options, want_max: bool
+) -> LogProbs | LogProbsWithMax:
+    out = LogProbs(logp.view(lead), entropy.view(lead) if opts.return_entropy else None)
+    return LogProbsWithMax(*out, _max_logprob(stats, lead)) if want_max else out  # (refused with process_group)
+
+
 def linear_logprobs(
     hidden: Tensor,  # (..., D)
     weight: Tensor,  # (V, D)
     targets: Tensor,  # (...) integer
     *,
     bias: Tensor | None = None,  # (V,)
-    temperature: float = 1.0,
-    ignore_index: int = -100,
     return_entropy: bool = True,
     backend: str | None = None,
     memory_budget: int | None = None,
     check_targets: bool | None = None,
     process_group=None,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
     return_max_logprob: bool = False,
-) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, Tensor]:
+    **head_options: object,  # temperature=1.0, ignore_index=-100, logit_scale=1.0, softcap=None: HeadOptions
+) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
 
     The (..., V) logits are never materialized. With z = (h . W_j + b_j) / temperature for one row:
         logp = z_y - logsumexp(z),   entropy = -sum_j p_j log p_j,   p = softmax(z).
 
-    Returns `(logp, entropy)`, both float32 (float64 for float64 inputs) with the leading shape `hidden.shape[:-1]`;
-    with `return_entropy=False` the entropy is not computed and `(logp, None)` is returned. Rows whose target equals
-    `ignore_index` give 0 for both and receive no gradient. Differentiable w.r.t. hidden, weight and bias through
-    both outputs. Under `torch.no_grad()` (or when no input requires grad) nothing is saved for backward.
+    Returns :class:`LogProbs` ``(logp, entropy)``, both float32 (float64 for float64 inputs) with the leading shape
+    `hidden.shape[:-1]`; with `return_entropy=False` the entropy is not computed and is None. Rows whose target
+    equals `ignore_index` give 0 for both and receive no gradient. Differentiable w.r.t. hidden, weight and bias
+    through both outputs. Under `torch.no_grad()` (or when no input requires grad) nothing is saved for backward.
+
+    Head options (keywords; the fields of :class:`~sgrpo_kernels.backends.HeadOptions`, each validated):
+        temperature: the sampling temperature (> 0, default 1.0); ignore_index: the target of ignored rows (-100).
+        logit_scale, softcap: a model's head options, applied in its order before the temperature:
+            logits = softcap * tanh(logit_scale * (h W^T + b) / softcap) (Gemma 2/3's final_logit_softcapping), or
+            logit_scale * (h W^T + b) without a softcap (softcap=None, the default; Cohere; Granite's
+            1 / logits_scaling). A logit scale alone is folded into the temperature (every backend); a softcap is
+            applied by the torch and triton backends (npu refuses it for now). `sgrpo_kernels.integrations.hf.lm_head`
+            reads both from a Hugging Face model (`**lm_head(model).options()`).
 
     Args:
         backend: "torch", "triton", "npu" or None/"auto" (env SGRPO_BACKEND, else chosen by device).
@@ -313,22 +207,14 @@ def linear_logprobs(
             may be empty); `targets` are global token ids; `hidden` is the same on every rank. The result is the
             unsharded op's on every rank; the gradient of `hidden` is the full one on every rank, those of `weight`
             and `bias` this rank's shard of the full gradient. Collectives: sgrpo_kernels/vocab_parallel.py.
-        logit_scale, softcap: a model's head options, applied in its order before the temperature:
-            logits = softcap * tanh(logit_scale * (h W^T + b) / softcap) (Gemma 2/3's final_logit_softcapping), or
-            logit_scale * (h W^T + b) without a softcap (Cohere; Granite's 1 / logits_scaling). A logit scale alone is
-            folded into the temperature (every backend); a softcap is applied by the torch and triton backends (npu
-            refuses it for now). `sgrpo_kernels.integrations.hf.lm_head` reads both from a Hugging Face model.
         return_max_logprob: also return log p_max = max_j log p_j = -log sum_j exp(z_j - max z) per row (0 on
-            ignored rows), forward only (no gradient flows through it): `(logp, entropy, max_logprob)`. Free: it is
-            the forward's own row statistic on every backend. Not supported with `process_group` yet.
+            ignored rows), forward only (no gradient flows through it): a :class:`LogProbsWithMax`
+            ``(logp, entropy, max_logprob)``. Free: it is the forward's own row statistic on every backend. Not
+            supported with `process_group` yet.
     """
     shard = process_group is not None
-    temperature, ignore_index = check_linear_inputs(
-        hidden, weight, targets, bias, temperature, ignore_index, shard=shard
-    )
-    logit_scale, softcap = check_head_options(logit_scale, softcap)
-    if not softcap:  # z = scale * logits / T = logits / (T / scale): exact, and every backend serves it
-        temperature, logit_scale = temperature / logit_scale, 1.0
+    check_linear_inputs(hidden, weight, targets, bias, shard=shard)
+    head = _fold_scale(HeadOptions.from_kwargs("linear_logprobs", head_options))
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
@@ -336,33 +222,30 @@ def linear_logprobs(
     call = Call(
         backend=resolve(backend, hidden.device),
         check_targets=_check_targets(check_targets),
-        opts=Options(
-            temperature=temperature, ignore_index=ignore_index,
-            return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad or want_max,
-            memory_budget=_budget(memory_budget), softcap=softcap, logit_scale=logit_scale,
+        opts=Options.with_head(
+            head, return_entropy=check_flag("return_entropy", return_entropy), need_stats=needs_grad or want_max,
+            memory_budget=_budget(memory_budget),
         ),
     )
     lead = targets.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
+    stats = None
     if shard:
         group = check_process_group(process_group, "linear_logprobs")
         offset, _, vocab = shard_range(weight.shape[0], group, hidden.device)
         check_global_vocab(vocab, "linear_logprobs")
         if call.check_targets:
-            check_target_values(t1, vocab, ignore_index)
+            check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
         logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
-    out = (logp.view(lead), entropy.view(lead) if return_entropy else None)
-    return out + (_max_logprob(stats, lead),) if want_max else out  # want_max is refused with process_group
+    return _result(logp, entropy, stats, lead, call.opts, want_max)
 
 
 def logprobs_from_logits(
     logits: Tensor,  # (..., V)
     targets: Tensor,  # (...) integer
     *,
-    temperature: float = 1.0,
-    ignore_index: int = -100,
     return_entropy: bool = True,
     backend: str | None = None,
     memory_budget: int | None = None,
@@ -370,12 +253,16 @@ def logprobs_from_logits(
     check_targets: bool | None = None,
     process_group=None,
     return_max_logprob: bool = False,
-) -> tuple[Tensor, Tensor | None] | tuple[Tensor, Tensor | None, Tensor]:
+    **head_options: object,  # temperature=1.0, ignore_index=-100 (LOGITS_HEAD_OPTIONS)
+) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
 
     One streaming pass over V per row (online statistics); the backward writes grad_logits vocab chunk by vocab chunk.
-    Returns `(logp, entropy)` float32 (float64 for float64 logits) with the leading shape `logits.shape[:-1]`
-    (`(logp, None)` with `return_entropy=False`). Ignored rows give 0 and no gradient.
+    Returns :class:`LogProbs` ``(logp, entropy)`` float32 (float64 for float64 logits) with the leading shape
+    `logits.shape[:-1]` (entropy None with `return_entropy=False`). Ignored rows give 0 and no gradient.
+
+    Head options (keywords): temperature and ignore_index, as in `linear_logprobs`. The logits are the head's
+    output already, so logit_scale and softcap are refused (apply them to the logits).
 
     Args:
         inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe
@@ -386,10 +273,11 @@ def logprobs_from_logits(
         process_group: the logits are this rank's contiguous vocabulary shard (N, V_r) over a `torch.distributed`
             group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
             `inplace_backward` is not supported with it.
-        return_max_logprob: as in `linear_logprobs`: `(logp, entropy, max_logprob)`, forward only.
+        return_max_logprob: as in `linear_logprobs`: a :class:`LogProbsWithMax`, forward only.
     """
     shard = process_group is not None
-    temperature, ignore_index = check_logits_inputs(logits, targets, temperature, ignore_index, shard=shard)
+    check_logits_inputs(logits, targets, shard=shard)
+    head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
     if inplace_backward and _aliases_grad_leaf(logits):
@@ -399,18 +287,19 @@ def logprobs_from_logits(
             "inplace_backward=False"
         )
     want_max = _check_max_logprob(return_max_logprob, shard, "logprobs_from_logits")
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
     call = Call(
         backend=resolve(backend, logits.device),
         check_targets=_check_targets(check_targets),
-        opts=Options(
-            temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy,
-            need_stats=(torch.is_grad_enabled() and logits.requires_grad) or want_max,
+        opts=Options.with_head(
+            head, return_entropy=return_entropy, need_stats=needs_grad or want_max,
             memory_budget=_budget(memory_budget), inplace_backward=inplace_backward,
         ),
     )
     lead = targets.shape
     t1 = targets.reshape(-1).long()
     l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
+    stats = None
     if shard:
         if inplace_backward:
             raise ValueError("inplace_backward=True is not supported with process_group (vocab-sharded logits)")
@@ -418,9 +307,8 @@ def logprobs_from_logits(
         offset, _, vocab = shard_range(logits.shape[-1], group, logits.device)
         check_global_vocab(vocab, "logprobs_from_logits")
         if call.check_targets:
-            check_target_values(t1, vocab, ignore_index)
+            check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
         logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
-    out = (logp.view(lead), entropy.view(lead) if return_entropy else None)
-    return out + (_max_logprob(stats, lead),) if want_max else out  # want_max is refused with process_group
+    return _result(logp, entropy, stats, lead, call.opts, want_max)

@@ -227,12 +227,11 @@ def check_linear_inputs(
     weight: object,
     targets: object,
     bias: object,
-    temperature: object,
-    ignore_index: object,
     shard: bool = False,
-) -> tuple[float, int]:
-    """Every argument of `linear_logprobs` except the value range of targets; returns (temperature, ignore_index).
-    `shard`: `weight` is one rank's vocabulary shard, which may be empty (V = 0 rows)."""
+) -> None:
+    """Every tensor argument of `linear_logprobs` except the value range of targets (the head options are checked
+    field by field, `HeadOptions.from_kwargs`). `shard`: `weight` is one rank's vocabulary shard, which may be empty
+    (V = 0 rows)."""
     hidden = check_float_tensor("hidden", hidden)
     weight = check_float_tensor("weight", weight)
     if hidden.dim() < 1:
@@ -262,21 +261,17 @@ def check_linear_inputs(
         if bias.device != weight.device:
             raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}; they must match")
     check_targets(targets, hidden.shape[:-1], "hidden", hidden.device)
-    return check_temperature(temperature), check_ignore_index(ignore_index)
 
 
-def check_logits_inputs(
-    logits: object, targets: object, temperature: object, ignore_index: object, shard: bool = False
-) -> tuple[float, int]:
-    """Every argument of `logprobs_from_logits` except the value range of targets (`shard`: the last dim is one rank's
-    vocabulary shard, which may be empty)."""
+def check_logits_inputs(logits: object, targets: object, shard: bool = False) -> None:
+    """Every tensor argument of `logprobs_from_logits` except the value range of targets (`shard`: the last dim is one
+    rank's vocabulary shard, which may be empty)."""
     logits = check_float_tensor("logits", logits)
     if logits.dim() < 1:
         raise ValueError("logits must have shape (..., V), got a 0-d tensor")
     if logits.shape[-1] == 0 and not shard:
         raise ValueError(f"logits has shape {shape_str(logits)}: the vocabulary (last dim) must not be empty")
     check_targets(targets, logits.shape[:-1], "logits", logits.device)
-    return check_temperature(temperature), check_ignore_index(ignore_index)
 
 
 def check_process_group(group: object, op: str):
@@ -299,13 +294,17 @@ def check_global_vocab(size: int, op: str) -> None:
         raise ValueError(f"{op}: every rank's vocabulary shard is empty (global V = 0)")
 
 
-def check_head_options(logit_scale: object, softcap: object) -> tuple[float, float]:
-    """linear_logprobs' `logit_scale` (a finite number > 0) and `softcap` (None, or a finite number > 0) -> floats, the
-    softcap as 0.0 when None."""
-    for name, value in (("logit_scale", logit_scale), ("softcap", softcap)):
-        if value is None and name == "softcap":
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            expected = "a finite number > 0" + (" or None" if name == "softcap" else "")
-            raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return float(logit_scale), float(softcap or 0.0)
+def check_logit_scale(logit_scale: object) -> float:
+    """linear_logprobs' `logit_scale`: a finite number > 0."""
+    return _check_positive("logit_scale", logit_scale, "a finite number > 0")
+
+
+def check_softcap(softcap: object) -> float:
+    """linear_logprobs' `softcap`: None (no cap, returned as 0.0) or a finite number > 0."""
+    return 0.0 if softcap is None else _check_positive("softcap", softcap, "a finite number > 0 or None")
+
+
+def _check_positive(name: str, value: object, expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(value)

@@ -13,8 +13,9 @@ With M = max_r m_r (all-reduce MAX) and a_r = exp(m_r - M + log s_r) (the shard'
 (the three sums in one all-reduce SUM of a (3, N) tensor). The backward hands the backend the global statistics
 (M, log S) and the global entropy, so its p_j = exp((z_j - M) - log S) are the global probabilities, and all-reduces
 grad_hidden (N x D). Rows whose target lives on another rank run with target 0 of the shard; the gradient's
-one-hot term for that index (`grad_logp / T` at column 0, times the softcap's slope there when the head has one) is
-then subtracted again, exactly. Head options (logit scale, softcap) act per logit, so each shard applies them.
+one-hot term for that index (`grad_logp / T` at column 0, times the head's slope there when the head is nonlinear,
+`HeadOptions.head_slope`) is then subtracted again, exactly. The head options (`Options`, passed whole to each
+shard's backend) act per logit, so each shard applies them.
 
 Collectives per call: forward 3 (all-gather of the shard sizes, all-reduce MAX of an (N,) vector, all-reduce SUM of a
 (3, N) tensor); backward of `linear_logprobs` 1 (all-reduce SUM of grad_hidden, N x D); backward of
@@ -120,12 +121,11 @@ class LinearVP(torch.autograd.Function):
             args = (g1, g2, hidden, weight, local, bias, stats, entropy, inner)
             gh, gw, gb = get(ctx.backend).linear_logprobs_bwd(*args)
             foreign = _foreign(g1, owner, local, ctx.opts)  # rows run with target 0 of the shard: undo its one-hot
-            if ctx.opts.softcap:  # ... which the backend passed through the cap's slope at column 0
+            if ctx.opts.nonlinear_head:  # ... which the backend passed through the head's slope at column 0
                 raw0 = hidden.to(stats.dtype) @ weight[0].to(stats.dtype)
                 if bias is not None:
                     raw0 = raw0 + bias[0].to(stats.dtype)
-                s, c = ctx.opts.logit_scale, ctx.opts.softcap
-                foreign = foreign * (s * (1 - torch.tanh(s * raw0 / c) ** 2))
+                foreign = foreign * ctx.opts.head_slope(raw0)
             if need_h:
                 gh = (gh.to(stats.dtype) - foreign[:, None] * weight[0].to(stats.dtype)).to(hidden.dtype)
             if need_w:

@@ -10,7 +10,7 @@ import torch
 
 import sgrpo_kernels as sk
 from sgrpo_kernels import rl
-from sgrpo_kernels.backends import available_backends
+from sgrpo_kernels.backends import HeadOptions, available_backends
 
 IGNORE = -100
 
@@ -152,6 +152,29 @@ def test_a_logit_scale_alone_is_folded_into_the_temperature(backend):
     h, w, b, t, *_ = inputs(dtype=torch.float32)
     out = sk.linear_logprobs(h, w, t, logit_scale=0.5, temperature=0.7, backend=backend)[0]
     torch.testing.assert_close(out, sk.linear_logprobs(h, w, t, temperature=1.4, backend="torch")[0])
+
+
+def test_head_slope_is_the_derivative_of_the_head():
+    """HeadOptions.head_slope (the vocab-parallel backward's correction at column 0) against autograd, saturated
+    logits included; only a softcap makes the head nonlinear."""
+    x = torch.linspace(-60, 60, 121, dtype=torch.float64, requires_grad=True)
+    opts = HeadOptions(temperature=0.7, logit_scale=0.5, softcap=4.0)
+    (want,) = torch.autograd.grad((opts.softcap * torch.tanh(opts.logit_scale * x / opts.softcap)).sum(), [x])
+    torch.testing.assert_close(opts.head_slope(x.detach()), want, rtol=1e-9, atol=1e-15)
+    assert opts.nonlinear_head and not HeadOptions(logit_scale=0.5).nonlinear_head
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_the_backend_sees_the_scale_folded_only_without_a_softcap(monkeypatch, softcap):
+    from sgrpo_kernels.backends import torch_chunked
+
+    seen = []
+    real = torch_chunked.linear_logprobs_fwd
+    monkeypatch.setattr(torch_chunked, "linear_logprobs_fwd", lambda *a: seen.append(a[-1]) or real(*a))
+    h, w, b, t, *_ = inputs()
+    sk.linear_logprobs(h, w, t, temperature=0.7, logit_scale=0.25, softcap=softcap, backend="torch")
+    folded = (0.7 / 0.25, 1.0, 0.0) if softcap is None else (0.7, 0.25, softcap)
+    assert (seen[0].temperature, seen[0].logit_scale, seen[0].softcap) == folded
 
 
 def test_npu_backend_refuses_softcap_before_any_kernel():

@@ -64,3 +64,14 @@ def test_max_logprob_is_refused_with_a_bad_flag_or_a_process_group():
         sk.linear_logprobs(h, w, t, return_max_logprob="yes")
     with pytest.raises(ValueError, match="return_max_logprob=True is not supported with process_group"):
         sk.linear_logprobs(h, w, t, return_max_logprob=True, process_group=object())
+
+
+def test_max_logprob_by_name():
+    """The three outputs by name (LogProbsWithMax); the default result's max_logprob is None."""
+    h, w, t = _inputs(n=6)
+    out = sk.linear_logprobs(h, w, t, return_max_logprob=True, return_entropy=False)
+    assert isinstance(out, sk.LogProbsWithMax) and out.entropy is None
+    torch.testing.assert_close(out.max_logprob, _want(h @ w.T, t, 1.0), rtol=1e-10, atol=1e-12)
+    assert out.logp is out[0] and out.max_logprob is out[2]
+    assert sk.linear_logprobs(h, w, t).max_logprob is None
+    assert sk.logprobs_from_logits(h @ w.T, t).max_logprob is None

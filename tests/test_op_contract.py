@@ -3,6 +3,8 @@ memory properties (no (N, V) tensor in linear_logprobs; zero-gradient rows dropp
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -10,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sgrpo_kernels as sk
 from sgrpo_kernels import backends
 from sgrpo_kernels import reference as ref
-from sgrpo_kernels.backends import BackendUnavailableError, Options
+from sgrpo_kernels.backends import BackendUnavailableError, HeadOptions, Options
 from sgrpo_kernels.backends import torch_chunked as tc
+from sgrpo_kernels.custom_ops import Call
 
 
 def _inputs(N=6, D=8, V=37, bias=True, dtype=torch.float32, requires_grad=True):
@@ -28,8 +31,6 @@ def _inputs(N=6, D=8, V=37, bias=True, dtype=torch.float32, requires_grad=True):
 
 
 def _call(backend, **opts):
-    from sgrpo_kernels.ops import Call
-
     return Call(backend, True, Options(**opts)).pack()
 
 
@@ -86,6 +87,107 @@ def test_torch_compile_fullgraph(dev_backend):
     torch.testing.assert_close(loss, loss_e)
     for a, e in zip(grads, grads_e):
         torch.testing.assert_close(a, e)
+
+
+def test_torch_compile_fullgraph_named_results(dev_backend):
+    """The NamedTuple results by field name under fullgraph, max_logprob and the head options included."""
+    device, backend = dev_backend
+    torch._dynamo.reset()
+    h, w, t, b = (x.detach().to(device) if x is not None else None for x in _inputs(N=10, V=41))
+    z = torch.randn(10, 41, device=device)
+
+    def f(h, w, b, z):
+        out = sk.linear_logprobs(h, w, t, bias=b, temperature=0.9, logit_scale=0.5, softcap=3.0, backend=backend,
+                                 return_max_logprob=True)  # fmt: skip
+        plain = sk.logprobs_from_logits(z, t, temperature=1.1, backend=backend)
+        assert plain.max_logprob is None
+        return (out.logp * 0.3 + out.entropy * 0.7 + out.max_logprob).sum() + (plain.logp - 0.5 * plain.entropy).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaves = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
+    loss = compiled(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    leaves_e = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
+    loss_e = f(*leaves_e)
+    grads_e = torch.autograd.grad(loss_e, leaves_e)
+    torch.testing.assert_close(loss, loss_e)
+    for a, e in zip(grads, grads_e):
+        torch.testing.assert_close(a, e)
+
+
+# ---------------------------------------------------------------------------------- the options, field by field
+
+
+def _non_default(f):
+    """A value of Options field `f` other than its default, of the field's type."""
+    return {"bool": not f.default, "int": f.default + 7, "float": f.default + 0.25}[f.type]
+
+
+def test_every_options_field_is_in_every_schema_and_round_trips():
+    """The schemas are generated from Options (the HeadOptions fields first): a new field is a new schema argument
+    of every custom op, and Call.pack / Call.unpack carry every field, whatever its value."""
+    fields = dataclasses.fields(Options)
+    head = [f.name for f in dataclasses.fields(HeadOptions)]
+    assert [f.name for f in fields[: len(head)]] == head and issubclass(Options, HeadOptions)
+    names = ["backend", "check_targets"] + [f.name for f in fields]
+    for op in (torch.ops.sgrpo.linear_logprobs_fwd, torch.ops.sgrpo.linear_logprobs_bwd,
+               torch.ops.sgrpo.logprobs_from_logits_fwd, torch.ops.sgrpo.logprobs_from_logits_bwd,
+               torch.ops.sgrpo.logprobs_from_logits_bwd_):  # fmt: skip
+        args = op.default._schema.arguments
+        assert [a.name for a in args[len(args) - len(names):]] == names, op
+    for f in fields:
+        call = Call("torch", False, Options(**{f.name: _non_default(f)}))
+        assert Call.unpack(call.pack()) == call, f.name
+    every = Call("torch", True, Options(**{f.name: _non_default(f) for f in fields}))
+    assert Call.unpack(every.pack()) == every
+
+
+def test_every_head_option_has_a_check_and_a_public_keyword():
+    """Each HeadOptions field carries its validator; from_kwargs applies it and keeps the defaults of the others."""
+    for f in dataclasses.fields(HeadOptions):
+        assert callable(f.metadata["check"]), f.name
+    assert HeadOptions.from_kwargs("op", {}) == HeadOptions()
+    got = HeadOptions.from_kwargs("op", {"temperature": 2, "softcap": None, "logit_scale": 3})
+    assert got == HeadOptions(temperature=2.0, logit_scale=3.0, softcap=0.0) and type(got.temperature) is float
+    with pytest.raises(TypeError, match=r"op\(\) got an unexpected keyword argument 'return_entropy'"):
+        HeadOptions.from_kwargs("op", {"return_entropy": True})  # a per-call field, not a head option
+    with pytest.raises(TypeError, match="unexpected keyword argument 'softcap'"):
+        HeadOptions.from_kwargs("op", {"softcap": 2.0}, accepted=("temperature",))
+
+
+@pytest.mark.parametrize("op", ["linear", "logits"])
+def test_every_head_option_reaches_the_backend(monkeypatch, op):
+    """Each head option given as a keyword arrives, as given, in the Options the backend's forward and backward
+    receive (through the custom op's schema and setup_context); the scale is not folded while a softcap is set."""
+    seen = []
+
+    def spy(name):
+        real = getattr(tc, name)
+
+        def fn(*args):
+            seen.append((name, args[-1]))
+            return real(*args)
+
+        monkeypatch.setattr(tc, name, fn)
+
+    prefix = "linear_logprobs" if op == "linear" else "logprobs_from_logits"
+    spy(f"{prefix}_fwd")
+    spy(f"{prefix}_bwd")
+    head = dict(temperature=0.8, ignore_index=7)
+    if op == "linear":
+        head |= dict(logit_scale=0.5, softcap=3.0)
+        assert set(head) == {f.name for f in dataclasses.fields(HeadOptions)}  # every head option
+    h, w, t, b = _inputs()
+    t = torch.where(t == -100, 7, t)  # the row _inputs ignores, under the custom ignore_index
+    if op == "linear":
+        lp, ent = sk.linear_logprobs(h, w, t, bias=b, backend="torch", **head)
+    else:
+        lp, ent = sk.logprobs_from_logits(h @ w.T, t, backend="torch", **head)
+    (lp.sum() + ent.sum()).backward()
+    assert [name for name, _ in seen] == [f"{prefix}_fwd", f"{prefix}_bwd"]
+    for _, opts in seen:
+        assert {k: getattr(opts, k) for k in head} == head
+    assert lp[1] == 0 and ent[1] == 0  # the custom ignore_index
 
 
 @pytest.mark.parametrize("frozen", ["weight", "hidden", "bias"])
@@ -151,6 +253,7 @@ BAD_LINEAR = [
     (dict(return_entropy="False"), TypeError, "return_entropy must be a bool, got str 'False'"),
     (dict(check_targets="no"), TypeError, "check_targets must be a bool"),
     (dict(deterministic=True), TypeError, "unexpected keyword argument 'deterministic'"),
+    (dict(need_stats=False), TypeError, "unexpected keyword argument 'need_stats'"),  # per call: the op's to set
     (dict(hidden=torch.randn(6, 0), weight=torch.randn(37, 0)), ValueError, "the hidden size D must not be 0"),
     (dict(backend="nope"), ValueError, "unknown backend"),
 ]
@@ -215,6 +318,23 @@ def test_check_targets_keyword_skips_the_range_check():
         assert torch.allclose(logp, torch.log_softmax(h @ w.T, -1).gather(1, good[:, None])[:, 0], atol=1e-5)
 
 
+def test_the_target_check_runs_once_per_call_through_ops(monkeypatch):
+    """The forward custom ops call `sgrpo_kernels.ops.check_target_values` (a trainer counts it there): once per
+    call, never with check_targets=False."""
+    from sgrpo_kernels import ops
+
+    calls = []
+    real = ops.check_target_values
+    monkeypatch.setattr(ops, "check_target_values", lambda *a: calls.append(a) or real(*a))
+    h, w, t, b = _inputs()
+    sk.linear_logprobs(h, w, t, bias=b)[0].sum().backward()
+    sk.logprobs_from_logits(h @ w.T, t)
+    assert len(calls) == 2
+    sk.linear_logprobs(h, w, t, bias=b, check_targets=False)
+    sk.logprobs_from_logits(h @ w.T, t, check_targets=False)
+    assert len(calls) == 2
+
+
 @pytest.mark.skipif(not torch.backends.mps.is_available() and not torch.cuda.is_available(),
                     reason="needs a second device to test device mismatch")
 def test_linear_device_mismatch():
@@ -239,6 +359,9 @@ BAD_LOGITS = [
     (dict(return_entropy=1), TypeError, "return_entropy must be a bool"),
     (dict(inplace_backward="yes"), TypeError, "inplace_backward must be a bool"),
     (dict(memory_budget=-1), ValueError, "memory_budget must be in"),
+    (dict(ignore_index=1.5), TypeError, "ignore_index must be a Python int"),
+    (dict(softcap=30.0), TypeError, "logprobs_from_logits\\(\\) got an unexpected keyword argument 'softcap'"),
+    (dict(logit_scale=0.5), TypeError, "unexpected keyword argument 'logit_scale'"),
 ]
 
 

@@ -395,3 +395,32 @@ def test_logits_empty_and_noncontiguous(dev_backend):
     exp = grads_of(lambda x: ref.logprobs_from_logits(x, t, out_dtype=None), (z.double(),), torch.ones(3, 5),
                    torch.ones(3, 5))
     torch.testing.assert_close(got[2][0].double(), exp[2][0], atol=5e-5, rtol=5e-5)
+
+
+# ------------------------------------------------------------------------------------------------- result types
+
+
+@pytest.mark.parametrize("return_entropy", [True, False])
+def test_results_are_named_tuples(dev_backend, return_entropy):
+    """Default: LogProbs (logp, entropy), two values; return_max_logprob=True: LogProbsWithMax, three. Both carry
+    .logp, .entropy and .max_logprob (None on LogProbs), for both ops."""
+    device, backend = dev_backend
+    h, w, t, b, *_ = make_case((2, 3), 8, 19, device=device, bias=True, ignore_frac=0.3)
+    logits = torch.randn(2, 3, 19, dtype=torch.float32, device=device)
+    calls = (lambda **kw: sk.linear_logprobs(h, w, t, bias=b, backend=backend, return_entropy=return_entropy, **kw),
+             lambda **kw: sk.logprobs_from_logits(logits, t, backend=backend, return_entropy=return_entropy, **kw))
+    for op in calls:
+        out = op()
+        assert type(out) is sk.LogProbs and isinstance(out, tuple) and len(out) == 2
+        assert out._fields == ("logp", "entropy") and out.max_logprob is None
+        logp, ent = out
+        assert logp is out.logp and ent is out.entropy and out.logp.shape == (2, 3)
+        assert (ent is None) == (not return_entropy)
+        full = op(return_max_logprob=True)
+        assert type(full) is sk.LogProbsWithMax and len(full) == 3
+        assert full._fields == ("logp", "entropy", "max_logprob")
+        logp2, ent2, mx = full
+        assert mx is full.max_logprob and mx.shape == (2, 3) and not mx.requires_grad
+        torch.testing.assert_close(full.logp, out.logp, rtol=0, atol=0)  # the same forward
+        if return_entropy:
+            torch.testing.assert_close(full.entropy, out.entropy, rtol=0, atol=0)

@@ -182,3 +182,28 @@ def test_integer_01_masks_equal_bool_masks():
         w1, c1 = rl.conflict_weights(targets, mask, adv, 2)
         w2, c2 = rl.conflict_weights(targets, as_int, adv, 2)
         assert torch.equal(w1, w2) and torch.equal(c1, c2)
+
+
+def test_head_options_pass_through_as_given(monkeypatch):
+    """sgrpo_loss forwards its head keywords to linear_logprobs unchanged (one object's fields, not a re-listed
+    copy), uses their ignore_index for its own mask, and refuses an unknown keyword by name."""
+    import sgrpo_kernels.rl.fused as fused
+
+    hidden, weight, bias, targets, mask, _, adv, _, _ = make(5)
+    seen = []
+    real = fused.linear_logprobs
+
+    def spy(*args, **kw):
+        seen.append((args, kw))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fused, "linear_logprobs", spy)
+    head = dict(temperature=0.8, ignore_index=-1, logit_scale=0.5, softcap=30.0)
+    t = targets.clone()
+    t[0, 0] = -1  # ignored under this ignore_index: out of the loss like a masked position
+    loss, _ = sgrpo_loss(hidden, weight, t, adv, mask, rl.preset("dr_grpo"), bias=bias, **head)
+    (_, _, eff_targets), kw = seen[0]
+    assert torch.isfinite(loss) and {k: kw[k] for k in head} == head and kw["bias"] is bias
+    assert eff_targets[0, 0] == -1 and (eff_targets[~mask] == -1).all()  # masked positions: this ignore_index
+    with pytest.raises(TypeError, match=r"sgrpo_loss\(\) got an unexpected keyword argument 'temprature'"):
+        sgrpo_loss(hidden, weight, targets, adv, mask, rl.preset("dr_grpo"), temprature=0.8)

@@ -5,6 +5,8 @@ helper, and the errors for what TRL cannot serve. Skipped without the `trl` extr
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+import sgrpo_kernels as sk  # noqa: E402
 from sgrpo_kernels import rl  # noqa: E402
 from sgrpo_kernels.integrations.hf import lm_head  # noqa: E402
 from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer  # noqa: E402
@@ -190,6 +193,24 @@ def test_lm_head_helper():
     assert lm_head(biased).scale == 0.25
     with pytest.raises(ValueError, match="no output embeddings"):
         lm_head(torch.nn.Linear(2, 2))
+
+
+def test_lm_head_options_are_the_ops_head_options():
+    """Besides the bias, lm_head(model).options() holds fields of HeadOptions only (never the temperature, which the
+    caller adds): splatted next to a temperature they give the op with the same keywords spelled out."""
+    biased = model(tied=False)
+    biased.lm_head.bias = torch.nn.Parameter(torch.randn(biased.lm_head.out_features) * 0.1)
+    biased.config.logit_scale, biased.config.final_logit_softcapping = 0.5, 3.0
+    head = lm_head(biased)
+    opts = head.options()
+    assert set(opts) - {"bias"} <= {f.name for f in dataclasses.fields(sk.HeadOptions)} and "temperature" not in opts
+    hidden = torch.randn(5, head.weight.shape[1])
+    targets = torch.randint(0, head.weight.shape[0], (5,))
+    with torch.no_grad():
+        got = sk.linear_logprobs(hidden, head.weight, targets, temperature=0.7, **opts)
+        want = sk.linear_logprobs(hidden, head.weight, targets, bias=head.bias, temperature=0.7, logit_scale=0.5,
+                                  softcap=3.0)  # fmt: skip
+    assert torch.equal(got.logp, want.logp) and torch.equal(got.entropy, want.entropy)
 
 
 TWO_PROCESS_SCRIPT = r"""

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from procs import spawn
 
-from sgrpo_kernels import linear_logprobs, logprobs_from_logits, sgrpo_loss
+from sgrpo_kernels import LogProbs, linear_logprobs, logprobs_from_logits, sgrpo_loss
 from sgrpo_kernels.rl import preset
 
 IGNORE = -100
@@ -75,6 +75,7 @@ def _worker(rank: int, world: int, port: int, cases: list) -> None:
             b1 = b[lo:hi].clone().requires_grad_() if bias else None
             out = linear_logprobs(h1, w1, targets, bias=b1, process_group=dist.group.WORLD, **kw)
             got_g = _grads(out, [h1, w1] + ([b1] if bias else []), g_logp, g_ent, return_entropy)
+            assert type(out) is LogProbs and out.max_logprob is None  # the unsharded op's result type
 
             torch.testing.assert_close(out[0], ref[0], rtol=1e-12, atol=1e-12, msg=f"logp {what}")
             if return_entropy:

@@ -25,6 +25,10 @@ log-probability is formed in the shifted form, ``logp = (z_y - m) - log s`` in t
 ``log p_j = (z_j - m) - log s`` in the backward (docs/design.md, "The math"). The forward returns stats contiguous,
 so stats[0] and stats[1] are contiguous (N,) vectors; a backward given any other layout makes it contiguous first.
 
+``opts`` is an :class:`Options`: the caller's :class:`HeadOptions` (temperature, ignore_index, logit_scale, softcap)
+and the fields the op sets per call (return_entropy, need_stats, memory_budget, ...). Without a softcap the ops have
+folded logit_scale into the temperature, so a backend that serves no softcap needs no logit scale either.
+
 Rows whose target equals ``opts.ignore_index`` produce logp = 0, entropy = 0 and no gradient. ``grad_entropy is None``
 means the entropy output received no gradient (or was not requested). Rows whose two upstream gradients are exactly
 zero contribute nothing; backends should skip them before the matrix products.
@@ -35,15 +39,21 @@ The math and the layers: docs/design.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.validation import env_flag
+from sgrpo_kernels.validation import (
+    check_ignore_index,
+    check_logit_scale,
+    check_softcap,
+    check_temperature,
+    env_flag,
+)
 
-__all__ = ["Backend", "BackendUnavailableError", "Options", "env_flag", "stats_dtype"]
+__all__ = ["HEAD_FIELDS", "Backend", "BackendUnavailableError", "HeadOptions", "Options", "env_flag", "stats_dtype"]
 
 
 def stats_dtype(input_dtype: torch.dtype) -> torch.dtype:
@@ -58,21 +68,70 @@ class BackendUnavailableError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Options:
-    """Per-call options shared by every backend (the ops build one per call; every field has a safe default)."""
+class HeadOptions:
+    """The head options of one call: how a row's raw logits x = h W^T + b become the z of the softmax,
 
-    temperature: float = 1.0
-    ignore_index: int = -100
+        z = softcap * tanh(logit_scale * x / softcap) / temperature   (softcap > 0: Gemma 2/3)
+        z = logit_scale * x / temperature                             (softcap = 0: no cap)
+
+    and which target marks an ignored row. The public ops take these fields as keyword arguments, build one
+    HeadOptions (``from_kwargs``: each value validated by the ``check`` in its field's metadata) and hand it down
+    inside :class:`Options`; the custom-op schemas are generated from the fields. A new head option is one field here
+    (a default that leaves the head unchanged, and a check) plus the backends that implement it; the others refuse a
+    non-default value by name, as the npu backend refuses a softcap.
+    """
+
+    temperature: float = field(default=1.0, metadata={"check": check_temperature})
+    ignore_index: int = field(default=-100, metadata={"check": check_ignore_index})
+    logit_scale: float = field(default=1.0, metadata={"check": check_logit_scale})
+    # 0.0 = no cap (a schema argument is a plain float); the public keyword says None
+    softcap: float = field(default=0.0, metadata={"check": check_softcap})
+
+    @classmethod
+    def from_kwargs(cls, op: str, kwargs: dict[str, object], accepted: tuple[str, ...] | None = None) -> HeadOptions:
+        """The options named in `kwargs` (the public keywords), each validated; the others keep their defaults.
+        `accepted`: the fields `op` serves (default: all); any other name is refused as Python refuses an unknown
+        keyword."""
+        names = HEAD_FIELDS if accepted is None else accepted
+        for name in kwargs:
+            if name not in names:
+                raise TypeError(f"{op}() got an unexpected keyword argument {name!r} (head options it takes: "
+                                f"{', '.join(names)})")
+        return cls(**{name: _HEAD_CHECKS[name](value) for name, value in kwargs.items()})
+
+    @property
+    def nonlinear_head(self) -> bool:
+        """True when z is not a constant multiple of x (a softcap). When it is, the ops fold logit_scale into the
+        temperature (exact), so a backend sees logit_scale 1.0."""
+        return self.softcap > 0
+
+    def head_slope(self, x: Tensor) -> Tensor:
+        """d(temperature * z) / dx at the raw logits `x` of a nonlinear head: the factor by which a gradient with
+        respect to z / temperature reaches the raw logits."""
+        s, c = self.logit_scale, self.softcap
+        return s * (1 - torch.tanh(s * x / c) ** 2)
+
+
+HEAD_FIELDS = tuple(f.name for f in fields(HeadOptions))
+_HEAD_CHECKS = {f.name: f.metadata["check"] for f in fields(HeadOptions)}
+
+
+@dataclass(frozen=True)
+class Options(HeadOptions):
+    """Everything a backend receives per call: the :class:`HeadOptions` fields, then what the op decides per call
+    (which outputs, memory, which gradients). The ops build one per call; every field has a safe default."""
+
     return_entropy: bool = True
     need_stats: bool = True  # False for no-grad calls: no row statistics (stats), nothing kept for backward
     memory_budget: int = 0  # bytes for temporaries; 0 = the backend's default
     inplace_backward: bool = False  # logprobs_from_logits: write grad_logits into the logits buffer
     need_grad_hidden: bool = True  # linear_logprobs_bwd may return None for a gradient that is not needed
     need_grad_weight: bool = True  # (grad_weight and grad_bias); e.g. a frozen LM head under LoRA
-    # linear_logprobs head options: z = softcap * tanh(logit_scale * (h W^T + b) / softcap) / temperature when
-    # softcap > 0 (Gemma 2/3); without a softcap the ops fold logit_scale into the temperature, so backends see 1.0
-    softcap: float = 0.0
-    logit_scale: float = 1.0
+
+    @classmethod
+    def with_head(cls, head: HeadOptions, **run: object) -> Options:
+        """The head's fields (every one, by name) and the per-call fields in `run`."""
+        return cls(**{name: getattr(head, name) for name in HEAD_FIELDS}, **run)
 
 
 @runtime_checkable

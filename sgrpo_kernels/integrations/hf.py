@@ -20,8 +20,11 @@ class LMHead:
     softcap: float | None = None  # Gemma 2/3 final_logit_softcapping
 
     def options(self) -> dict:
-        """The keywords of `linear_logprobs` / `sgrpo_loss` that apply this head: bias, logit_scale, softcap."""
+        """The keywords of `linear_logprobs` / `sgrpo_loss` that apply this head: `bias`, and the model's fields of
+        `sgrpo_kernels.HeadOptions` (`logit_scale`, `softcap`; the caller adds its own temperature). Splat them:
+        `linear_logprobs(hidden, head.weight, targets, temperature=t, **head.options())`."""
         return {"bias": self.bias, "logit_scale": self.scale, "softcap": self.softcap}
+
 
 def unwrap(model):
     """The Hugging Face model inside DDP (`.module`) and PEFT (`.get_base_model()`) wrappers."""

@@ -31,7 +31,7 @@ class LossConfig:
     Advantages and conflicts (computed per batch of groups by :func:`sgrpo_kernels.rl.prepare_groups`):
         advantage_method / advantage_options: arguments of :func:`~sgrpo_kernels.rl.group_advantages`.
         all_fail_c: c > 0 of ``advantage_method="all_fail_negative"``: groups whose rewards all fail get A = -c
-        (grpo-stability-experiments.md 3.2); None = the method's default (1.0) or ``advantage_options["c"]``. Set
+        (proposed in the S-GRPO design notes); None = the method's default (1.0) or ``advantage_options["c"]``. Set
         it for that method only, and not together with ``advantage_options["c"]``.
         conflict_strategy: None (no conflict weighting) or a strategy of :func:`~sgrpo_kernels.rl.conflict_weights`
         (gtpo, skip, weight, majority, causal), with ``conflict_w_pos``, ``conflict_w_neg``, ``conflict_combine``.
@@ -75,12 +75,12 @@ class LossConfig:
         entropy_advantage_shift: gamma of the official GTPO code's :math:`A_i - \gamma \langle H\rangle_i` (detached).
         top_entropy_quantile: rho; only the top-rho fraction of active tokens by entropy is trained (80/20 paper).
 
-    Probability compensation (grpo-stability-experiments.md 2.2), per token :math:`A_{it} = A_i\,C_{it}` with
+    Probability compensation (proposed in the S-GRPO design notes), per token :math:`A_{it} = A_i\,C_{it}` with
     :math:`C_{it} = \min(2 - p_{it}/p^{max}_{it},\ C_{max})`, both probabilities detached (:math:`p^{max}` from the
     op's ``return_max_logprob``):
-        prob_compensation: None (off), ``"positive"`` (tokens of completions with :math:`A_i > 0`: the seed's
-        "improbable correct tokens") or ``"all"`` (every token, the formula as the seed writes it).
-        prob_compensation_max: :math:`C_{max}` in [1, 2]; None = ``1 + epsilon_high``. The seed's unclipped C
+        prob_compensation: None (off), ``"positive"`` (tokens of completions with :math:`A_i > 0`: the proposal's
+        "improbable correct tokens") or ``"all"`` (every token, the formula as the proposal writes it).
+        prob_compensation_max: :math:`C_{max}` in [1, 2]; None = ``1 + epsilon_high``. The proposal's unclipped C
         diverged; capping the amplification at the PPO clip's own scale keeps a token's effective step within the
         trust region the ratio clip enforces (docs/rl.md, "Probability compensation").
     """

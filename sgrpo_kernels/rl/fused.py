@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sgrpo_kernels.backends.contract import HeadOptions
 from sgrpo_kernels.ops import linear_logprobs
 from sgrpo_kernels.rl.config import LossConfig
 from sgrpo_kernels.rl.loss import policy_loss
@@ -23,7 +24,6 @@ def sgrpo_loss(
     config: LossConfig,
     *,
     bias: Tensor | None = None,
-    temperature: float = 1.0,
     old_logp: Tensor | None = None,
     ref_logp: Tensor | None = None,
     token_weights: Tensor | None = None,
@@ -31,13 +31,11 @@ def sgrpo_loss(
     rewards: Tensor | None = None,
     group_size: int | None = None,
     compute_entropy: bool | None = None,
-    ignore_index: int = -100,
     backend: str | None = None,
     memory_budget: int | None = None,
     check_targets: bool | None = None,
     process_group=None,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
+    **head_options: object,  # temperature, ignore_index, logit_scale, softcap: passed to linear_logprobs as given
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
 
@@ -52,17 +50,19 @@ def sgrpo_loss(
 
     Args:
         hidden: ``[B, T, D]`` float hidden states at the positions that predict ``targets`` (already shifted).
-        weight: ``[V, D]`` LM-head weight; bias: optional ``[V]``; temperature: the sampling temperature.
+        weight: ``[V, D]`` LM-head weight; bias: optional ``[V]``.
         targets: ``[B, T]`` integer sampled completion tokens.
         advantages: ``[B]``; mask: ``[B, T]`` bool or float; config: a :class:`~sgrpo_kernels.rl.LossConfig`.
         old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size: as in
             :func:`~sgrpo_kernels.rl.policy_loss` (``vocab_size`` is taken from ``weight``).
         compute_entropy: compute token entropies (default: only when the config needs them); when computed, the
             ``entropy_mean`` metric is reported.
-        ignore_index, backend, memory_budget, check_targets: forwarded to ``linear_logprobs`` (``check_targets``
-            costs one host sync per call; a trainer that calls several times per step on the same targets can check
-            on the first call only).
-        logit_scale, softcap: the model's head options, as in ``linear_logprobs``.
+        backend, memory_budget, check_targets: forwarded to ``linear_logprobs`` (``check_targets`` costs one host
+            sync per call; a trainer that calls several times per step on the same targets can check on the first
+            call only).
+        **head_options: the head options of ``linear_logprobs`` (:class:`~sgrpo_kernels.backends.HeadOptions`:
+            ``temperature`` the sampling temperature, ``ignore_index``, the model's ``logit_scale`` and ``softcap``),
+            forwarded as given; ``**lm_head(model).options()`` supplies a Hugging Face model's bias and head options.
             With ``config.prob_compensation`` set, the op also returns log p_max (``return_max_logprob``; free) for
             the compensation factor.
         process_group: the LM head is sharded by vocabulary over this ``torch.distributed`` group (``weight`` /
@@ -89,6 +89,7 @@ def sgrpo_loss(
     elif not compute_entropy and need_entropy:
         raise ValueError(f"compute_entropy=False but config {config.name!r} needs token entropies")
 
+    ignore_index = HeadOptions.from_kwargs("sgrpo_loss", head_options).ignore_index
     valid = (mask != 0) & (targets != ignore_index)
     eff_targets = torch.where(valid, targets, torch.full_like(targets, ignore_index))
     eff_mask = valid if mask.dtype == torch.bool else torch.where(valid, mask, torch.zeros_like(mask))
@@ -97,28 +98,23 @@ def sgrpo_loss(
         weight,
         eff_targets,
         bias=bias,
-        temperature=temperature,
-        ignore_index=ignore_index,
         return_entropy=bool(compute_entropy),
         backend=backend,
         memory_budget=memory_budget,
         check_targets=check_targets,
         process_group=process_group,
-        logit_scale=logit_scale,
-        softcap=softcap,
         return_max_logprob=config.needs_max_logprob,
+        **head_options,
     )
-    logp, entropy = out[0], out[1]
-    max_logprob = out[2] if config.needs_max_logprob else None
     vocab = int(weight.shape[0])
     if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)
         vocab = shard_range(vocab, process_group, hidden.device)[2]
     return policy_loss(
-        logp,
+        out.logp,
         advantages,
         eff_mask,
         config,
-        entropy=entropy,
+        entropy=out.entropy,
         old_logp=old_logp,
         ref_logp=ref_logp,
         token_weights=token_weights,
@@ -126,5 +122,5 @@ def sgrpo_loss(
         rewards=rewards,
         group_size=group_size,
         vocab_size=vocab,
-        max_logprob=max_logprob,
+        max_logprob=out.max_logprob,
     )
