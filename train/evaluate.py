@@ -12,7 +12,7 @@ import torch
 
 from train.config import TrainConfig
 from train.rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
-from train.rollout import majority, rollout
+from train.rollout import Sampling, majority, rollout
 from train.run.progress import progress_bar
 from train.run.rng import fork_rng
 
@@ -40,18 +40,8 @@ def evaluate(
         texts = []
         for i in range(0, len(probs), max(1, cfg.eval_batch_size // n)):
             chunk = probs[i : i + max(1, cfg.eval_batch_size // n)]
-            texts += rollout(
-                model,
-                tok,
-                chunk,
-                group_size=n,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                system_prompt=system_prompt,
-                greedy=greedy,
-                engine=engine,
-            ).texts
+            sampling = Sampling.of(cfg, system_prompt, group_size=n)
+            texts += rollout(model, tok, chunk, **sampling.kwargs(), greedy=greedy, engine=engine).texts
             if bar is not None:
                 bar.update(len(chunk))
         return texts

@@ -12,7 +12,7 @@ import torch
 from sgrpo_kernels.validation import check_target_values
 from train.model import head_weight
 from train.policy import completion_targets, token_logprobs
-from train.rollout import Batch, concat_batches, rollout
+from train.rollout import Batch, Sampling, concat_batches, rollout
 from train.run.checkpoint import load_probe, save_probe
 from train.run.progress import progress_bar
 from train.run.rng import fork_rng
@@ -42,18 +42,7 @@ def kl_probe(cfg, model, tok, task, system_prompt: str | None, path: Path, devic
         torch.manual_seed(cfg.seed + 777)
         for i in range(0, len(problems), PROBE_CHUNK):
             chunk = problems[i : i + PROBE_CHUNK]
-            chunks.append(
-                rollout(
-                    model,
-                    tok,
-                    chunk,
-                    group_size=1,
-                    max_new_tokens=cfg.max_new_tokens,
-                    temperature=cfg.temperature,
-                    top_p=cfg.top_p,
-                    system_prompt=system_prompt,
-                )
-            )
+            chunks.append(rollout(model, tok, chunk, **Sampling.of(cfg, system_prompt, group_size=1).kwargs()))
             if bar is not None:
                 bar.update(len(chunk))
     if bar is not None:

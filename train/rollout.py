@@ -6,6 +6,7 @@ after each optimizer step, and log-probs are always recomputed by the trainer, n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,16 @@ class Sampling:
     top_p: float
     system_prompt: str | None
     format_weight: float
+
+    @classmethod
+    def of(cls, cfg, system_prompt: str | None, group_size: int | None = None, format_weight: float = 0.0):
+        """The sampling of a trainer configuration (`cfg.group_size` unless `group_size` is given)."""
+        n = cfg.group_size if group_size is None else group_size
+        return cls(n, cfg.max_new_tokens, cfg.temperature, cfg.top_p, system_prompt, format_weight)
+
+    def kwargs(self) -> dict:
+        """`rollout`'s keyword arguments."""
+        return dataclasses.asdict(self)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from train.policy import data_parallel
 from train.probe import kl_probe
 from train.rollout import Sampling, VLLMEngine
 from train.run.metrics import write_json
-from train.tasks import make_task
+from train.tasks import TASK_OPTIONS, make_task
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
@@ -119,18 +119,9 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         optimizer, lr_lambda(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     )
     engine = rollout_engine(cfg, model, device)
-    task = make_task(
-        cfg.task,
-        difficulty=cfg.difficulty,
-        data_path=cfg.data_path,
-        prompt_template=cfg.prompt_template,
-        heldout_frac=cfg.heldout_frac,
-        seed=cfg.seed,
-    )
+    task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
-    sampling = Sampling(
-        cfg.group_size, cfg.max_new_tokens, cfg.temperature, cfg.top_p, system_prompt, cfg.format_reward_weight
-    )
+    sampling = Sampling.of(cfg, system_prompt, format_weight=cfg.format_reward_weight)
     run = Run(
         loss_cfg=loss_cfg,
         sampling=sampling,

@@ -3,7 +3,6 @@ step -> record. Every line is a named call; what each feature adds happens in it
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from sgrpo_kernels.rl import GroupSignals, prepare_groups
@@ -24,7 +23,7 @@ def step_problems(run) -> list:
 def roll(run, problems: list) -> Batch:
     """`group_size` sampled completions of each problem (HF generate, or the vLLM engine), scored, then rescored by
     the features (a dense reward)."""
-    batch = rollout(run.model, run.tok, problems, **dataclasses.asdict(run.sampling), engine=run.engine)
+    batch = rollout(run.model, run.tok, problems, **run.sampling.kwargs(), engine=run.engine)
     return run.features.rescore(batch, problems)
 
 

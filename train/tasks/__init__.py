@@ -14,6 +14,7 @@ import importlib
 
 from train.tasks.base import ANSWER_IS_TEMPLATE, TEMPLATE_FIELDS, Problem, ProceduralTask, _is_heldout, check_template
 from train.tasks.registry import (
+    TASK_OPTIONS,
     Task,
     TaskSpec,
     data_tasks,
@@ -48,6 +49,7 @@ __all__ = [
     "NAMES",
     "QUESTION_KEYS",
     "TASK_MODULES",
+    "TASK_OPTIONS",
     "TEMPLATE_FIELDS",
     "WORD_PROBLEMS",
     "ArithmeticTask",

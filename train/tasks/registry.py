@@ -97,21 +97,14 @@ def get_task_spec(name: str) -> TaskSpec:
         raise ValueError(f"task={name!r}: expected {expected}") from None
 
 
-def make_task(
-    name: str,
-    *,
-    difficulty: str = "1-3",
-    data_path: str | None = None,
-    prompt_template: str | None = None,
-    heldout_frac: float = 0.2,
-    seed: int = 0,
-) -> Task:
-    """Build the task registered as `name`; an unknown name raises ValueError listing the registered ones."""
-    factory = get_task_spec(name).factory
-    return factory(
-        difficulty=difficulty,
-        data_path=data_path,
-        prompt_template=prompt_template,
-        heldout_frac=heldout_frac,
-        seed=seed,
-    )
+# What every task factory receives (as keywords; the trainer's fields of the same names), with their defaults.
+TASK_OPTIONS = {"difficulty": "1-3", "data_path": None, "prompt_template": None, "heldout_frac": 0.2, "seed": 0}
+
+
+def make_task(name: str, **options) -> Task:
+    """Build the task registered as `name` with `options` (any of TASK_OPTIONS; the others keep their defaults). An
+    unknown name raises ValueError listing the registered ones; an unknown option, TypeError."""
+    unknown = sorted(set(options) - set(TASK_OPTIONS))
+    if unknown:
+        raise TypeError(f"make_task() got unexpected option(s) {unknown}; expected some of {list(TASK_OPTIONS)}")
+    return get_task_spec(name).factory(**{**TASK_OPTIONS, **options})
