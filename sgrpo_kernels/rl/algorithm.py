@@ -11,6 +11,7 @@ A trainer runs one step as::
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -160,17 +161,7 @@ def _s_grpo_afn() -> LossConfig:
     # groups whose rewards are all <= r_min (0) get A = -c instead of 0, so consistently failing modes are pushed down
     # (an exploration driver where GRPO has no gradient; NGRPO is the related published method). c = 1: one group
     # standard deviation, the scale of a GRPO advantage in a mixed group. Mixed groups keep GRPO advantages.
-    return LossConfig(
-        name="s_grpo_afn",
-        advantage_method="all_fail_negative",
-        all_fail_c=1.0,
-        **_SGRPO_CONFLICTS,
-        beta=0.0,
-        entropy_filter="ln2",
-        entropy_floor=0.3,
-        entropy_penalty_coef=0.1,
-        positive_only=False,
-    )
+    return dataclasses.replace(_s_grpo(), name="s_grpo_afn", advantage_method="all_fail_negative", all_fail_c=1.0)
 
 
 def _grpo_ef() -> LossConfig:
@@ -235,8 +226,6 @@ def parse_overrides(text: str) -> dict:
 
 def preset_with(name: str, overrides: str | dict = "") -> LossConfig:
     """The preset `name` with `overrides` (a ``"field=value,..."`` string or a dict) applied and validated."""
-    import dataclasses
-
     changes = parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides)
     known = {f.name for f in dataclasses.fields(LossConfig)}
     unknown = sorted(set(changes) - known)

@@ -123,19 +123,16 @@ def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | No
     return JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
 
 
-@register_task(
-    "gsm8k",
-    help="GSM8K grade-school math from --data-path FILE.jsonl (or a cached Hugging Face copy)",
-    reads_data_path=True,
-)
-def make_gsm8k(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, **_) -> JsonlTask:
-    return _make_jsonl_task("gsm8k", data_path, prompt_template, heldout_frac, seed)
+def _register(name: str, what: str) -> None:
+    """gsm8k and math: the same reader, each under its own name."""
+
+    def factory(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, **_):
+        return _make_jsonl_task(name, data_path, prompt_template, heldout_frac, seed)
+
+    factory.__qualname__ = f"make_{name}"
+    help_text = f"{what} from --data-path FILE.jsonl (or a cached Hugging Face copy)"
+    register_task(name, help=help_text, reads_data_path=True)(factory)
 
 
-@register_task(
-    "math",
-    help="MATH competition problems from --data-path FILE.jsonl (or a cached Hugging Face copy)",
-    reads_data_path=True,
-)
-def make_math(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, **_) -> JsonlTask:
-    return _make_jsonl_task("math", data_path, prompt_template, heldout_frac, seed)
+_register("gsm8k", "GSM8K grade-school math")
+_register("math", "MATH competition problems")
