@@ -36,7 +36,7 @@ SCRATCH = REPO / "runs" / "bench"
 
 
 def job_flags(args: argparse.Namespace, out: Path) -> list[str]:
-    """The bundled trainer's flags of the job; the TRL workers parse the same ones (train.config.parse_args)."""
+    """The bundled trainer's flags of the job; the TRL workers parse the same ones (train.cli.parse_args)."""
     return ["--model", args.model, "--output-dir", str(out), "--overwrite", "--seed", str(args.seed),
             "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts), "--group-size",
             str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-problems",
@@ -56,14 +56,15 @@ def trl_worker(kind: str, flags: list[str], result: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer
-    from train.config import PRESET_LOSS_DEFAULTS, parse_args
+    from train.cli import parse_args
+    from train.config import PRESET_LOSS_DEFAULTS
     from train.evaluate import evaluate
-    from train.loop import reset_train_peak, train_peak_mem_mb
+    from train.record import reset_train_peak, train_peak_mem_mb
     from train.rewards import correctness_reward
     from train.setup import setup
 
-    cfg, _ = parse_args(flags)
-    run = setup(cfg)
+    cfg, overrides = parse_args(flags)
+    run = setup(cfg, cfg.loss_config(overrides))
     rows = run.task.sample(cfg.max_steps * cfg.prompts_per_step, run.task_rng)
     system = [{"role": "system", "content": run.system_prompt}] if run.system_prompt else []
     ds = Dataset.from_list([{"prompt": system + [{"role": "user", "content": q.prompt}], "answer": q.answer}

@@ -3,6 +3,9 @@
 - `torch` always (CPU).
 - `triton` on CPU tensors only under TRITON_INTERPRET=1 (the interpreter), and on CUDA when a GPU is present.
 - GPU-only parametrizations are skipped cleanly on machines without CUDA.
+
+And `tiny_cfg`, the trainer tests' configuration of a tiny run (`from conftest import tiny_cfg`: pytest puts tests/
+on sys.path, as for `from procs import spawn`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,32 @@ import pytest
 import torch
 
 from sgrpo_kernels import backends
+
+# A run of the tiny random-weight Llama (train.model.tiny_model_and_tokenizer: no download) that takes seconds: 3 steps
+# of 2 prompts x 4 completions of at most 6 tokens, a small held-out set and KL probe, no progress bars. Each test file
+# states its own changes to it where it calls `tiny_cfg`.
+TINY_RUN = dict(
+    model="tiny",
+    max_steps=3,
+    prompts_per_step=2,
+    group_size=4,
+    max_new_tokens=6,
+    eval_problems=6,
+    eval_k=2,
+    eval_k_problems=3,
+    probe_size=3,
+    kl_every=1,
+    progress=False,
+    warmup_steps=1,
+    lr=1e-3,
+)
+
+
+def tiny_cfg(output_dir, **overrides):
+    """The TrainConfig of `TINY_RUN` writing to `output_dir`, with `overrides` (any TrainConfig field)."""
+    from train.config import TrainConfig  # (imported when used: the op tests do not need the trainer)
+
+    return TrainConfig(**{**TINY_RUN, "output_dir": str(output_dir), **overrides})
 
 
 def _cpu_backends() -> list[str]:

@@ -35,6 +35,7 @@ def test_bad_trainer_names_are_refused(capsys):
     assert "expected names from bundled, trl, sgrpo" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_three_trainers_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     pytest.importorskip("trl")
     from tests.test_trl_integration import model, tokenizer

@@ -3,10 +3,12 @@ of the same sequences on the tiny model, the dense reward, and bad inputs."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+from conftest import tiny_cfg
 
 from train.gt_likelihood import dense_rewards, gt_likelihood, reasoning_of
 from train.model import tiny_model_and_tokenizer
@@ -68,27 +70,24 @@ def test_bad_inputs_are_refused():
 
 # ------------------------------------------------------------------------ the trainer's --dense-reward gt_likelihood
 
-
-def _tiny_cfg(out, **kw):
-    from train.config import TrainConfig
-
-    base = dict(model="tiny", output_dir=str(out), max_steps=2, prompts_per_step=2, group_size=4, max_new_tokens=6,
-                eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=0, progress=False,
-                warmup_steps=0, lr=1e-2, save_every=0, dense_reward="gt_likelihood")  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
+# conftest's tiny run with the dense reward: 2 steps at lr 1e-2 from the first (no warm-up), no KL probe, no periodic
+# checkpoints
+_tiny_cfg = functools.partial(tiny_cfg, max_steps=2, kl_every=0, warmup_steps=0, lr=1e-2, save_every=0,
+                              dense_reward="gt_likelihood")  # fmt: skip
 
 
 def test_trainer_rewards_by_hand(tmp_path):
-    """gt_likelihood_rewards on a hand-made batch: correct rows keep their reward (1 + format), a wrong row's 0 becomes
-    the likelihood of its own (prompt, text, answer), the format reward stays added, `correct` is unchanged."""
+    """The dense reward (train/features/dense_reward.py) on a hand-made batch: correct rows keep their reward
+    (1 + format), a wrong row's 0 becomes the likelihood of its own (prompt, text, answer), the format reward stays
+    added, `correct` is unchanged."""
     import dataclasses
 
-    from train.loop import gt_likelihood_rewards
+    from train.features import dense_reward
     from train.rollout import Batch, chat_prompts
     from train.setup import setup
 
-    run = setup(_tiny_cfg(tmp_path / "run", format_reward_weight=0.5))
+    cfg = _tiny_cfg(tmp_path / "run", format_reward_weight=0.5)
+    run = setup(cfg, cfg.loss_config())
     problems = run.task.sample(2, run.task_rng)
     texts = [str(problems[0].answer), "5 + 2 = 9", "no idea", str(problems[0].answer),
              "12", str(problems[1].answer), "the answer is 3", "1 2 3"]  # fmt: skip
@@ -96,7 +95,7 @@ def test_trainer_rewards_by_hand(tmp_path):
     fmt = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0])
     empty = torch.zeros(8, 1, dtype=torch.long)
     batch = Batch(empty, empty, empty, empty.bool(), texts, correct.float() + 0.5 * fmt, correct)
-    got = gt_likelihood_rewards(run, problems, batch)
+    got = dense_reward.from_run(cfg, run).rescore(batch, problems)
     prompts = chat_prompts(run.tok, problems, run.system_prompt)
     for i in range(8):
         if correct[i]:
@@ -116,15 +115,16 @@ def test_trainer_trains_on_the_dense_rewards(tmp_path, monkeypatch):
     import json
 
     import train.loop as loop
+    import train.step as step_module
 
     seen = []
-    prepare = loop.prepare_groups
+    prepare = step_module.prepare_groups
 
     def spy(cfg, rewards, *args, **kwargs):
         seen.append(rewards.detach().cpu().clone())
         return prepare(cfg, rewards, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "prepare_groups", spy)
+    monkeypatch.setattr(step_module, "prepare_groups", spy)
     summary = loop.train(_tiny_cfg(tmp_path / "run"), {"entropy_filter": None})
     assert summary["steps"] == 2 and len(seen) == 2
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -219,14 +219,15 @@ def test_a_results_folder_holds_one_regime(tmp_path):
 def test_lora_reference_is_the_base_model(tmp_path):
     pytest.importorskip("peft")
     import torch
+    from conftest import tiny_cfg
 
-    from tests.test_train_loop import tiny_cfg
     from train.model import load_model_and_tokenizer
+    from train.policy import reference_logprobs, token_logprobs
     from train.rollout import rollout
-    from train.setup import reference_logprobs, setup, token_logprobs
+    from train.setup import setup
 
-    cfg = tiny_cfg(tmp_path, preset="grpo", lora=True, lora_r=4, kl_every=0)
-    run = setup(cfg)
+    cfg = tiny_cfg(tmp_path / "run", preset="grpo", lora=True, lora_r=4, kl_every=0)
+    run = setup(cfg, cfg.loss_config())
     assert run.ref_model is None  # no second model resident
     with torch.no_grad():  # move the adapters away from their identity init, so the test can tell them apart
         for name, p in run.model.named_parameters():
@@ -235,7 +236,7 @@ def test_lora_reference_is_the_base_model(tmp_path):
     problems = run.task.sample(2, run.task_rng)
     batch = rollout(run.model, run.tok, problems, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
                     temperature=cfg.temperature, top_p=1.0)  # fmt: skip
-    ref = reference_logprobs(run, batch)
+    ref = reference_logprobs(run.model, run.ref_model, batch, cfg.temperature, run.backend, cfg.group_size)
     base, _ = load_model_and_tokenizer("tiny", torch.device("cpu"), torch.float32, cfg.seed)
     expected = token_logprobs(base, batch, cfg.temperature, None, cfg.group_size)
     policy = token_logprobs(run.model, batch, cfg.temperature, None, cfg.group_size)
@@ -263,6 +264,7 @@ def _study(tmp_path, *extra):
     return argv, env, root
 
 
+@pytest.mark.slow
 def test_study_end_to_end_interrupted_and_resumed(tmp_path):
     pytest.importorskip("transformers")
     argv, env, root = _study(tmp_path, "--workers", "1", "--threads", "1")

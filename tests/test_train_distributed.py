@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import os
@@ -23,20 +24,16 @@ import torch
 pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
+from conftest import tiny_cfg  # noqa: E402
 from procs import spawn  # noqa: E402
-
-from train.config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS = "beta=0"  # grpo without KL: seq-mean-token-mean, which a mean over equal shares of groups reproduces exactly
 
-
-def _cfg(out: Path, **kw) -> TrainConfig:
-    base = dict(model="tiny", output_dir=str(out), preset="grpo", loss=LOSS, prompts_per_step=4, group_size=4,
-                max_new_tokens=6, eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=1,
-                progress=False, warmup_steps=0, lr=1e-2, max_grad_norm=100.0)  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
+# conftest's tiny run as grpo without KL, 4 prompts a step (2 groups per rank), lr 1e-2 from the first step, no
+# clipping, and the default number of steps (30: the schedule's length)
+_cfg = functools.partial(tiny_cfg, preset="grpo", loss=LOSS, prompts_per_step=4, max_steps=30, warmup_steps=0,
+                         lr=1e-2, max_grad_norm=100.0)  # fmt: skip
 
 
 # name -> (preset, loss overrides, ppo_epochs): every loss aggregation whose rank decomposition differs. grpo with
@@ -82,18 +79,18 @@ def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
     gradient shows (AdamW's first step is ~lr * sign(g) whatever the scale)."""
     from sgrpo_kernels.rl import prepare_groups
     from train.distributed import ALONE, Dist
-    from train.guard import StepGuard
-    from train.loop import policy_update
+    from train.features import build_features
     from train.rollout import Batch, rollout
     from train.setup import setup
-    from train.state import fresh_state
+    from train.step import policy_update
+    from train.update import Update
 
     ctx = Dist(rank=rank, world=world) if world > 1 else ALONE
     preset, loss, epochs = SAME_BATCH[name]
     cfg = _cfg(Path(out) / f"{name}w{world}r{rank}", kl_every=0, preset=preset, loss=loss, ppo_epochs=epochs)
-    run = setup(cfg, ctx=ctx)
+    run = setup(cfg, cfg.loss_config(), ctx=ctx)
     run.optimizer = torch.optim.SGD(run.params, lr=1.0)
-    run.guard = StepGuard([(n, p) for n, p in run.model.named_parameters() if p.requires_grad], run.optimizer)
+    run.features = build_features(cfg, run)  # the step guard holds the optimizer
     before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
     problems = run.task.sample(cfg.prompts_per_step, run.task_rng)
     torch.manual_seed(123)  # the same global batch on every rank and in both jobs
@@ -108,7 +105,7 @@ def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
     batch = Batch(full.prompt_ids[rows], full.prompt_mask[rows], full.completion_ids[rows], mask[rows],
                   full.texts[rows], rewards, rewards > 0)  # fmt: skip
     groups = prepare_groups(run.loss_cfg, rewards, batch.completion_ids, batch.completion_mask, cfg.group_size)
-    update = policy_update(run, fresh_state(run), batch, groups)
+    update = policy_update(run, batch, groups, Update(), step=1)
     assert update.skipped == 0 and update.grad_norm > 0
     if rank == 0:
         after = {n: p.detach() for n, p in run.model.named_parameters() if p.requires_grad}
@@ -121,6 +118,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SAME_BATCH))
 def test_two_process_update_equals_one_process_update(tmp_path, name):
     """2 gloo processes with 2 groups each make the update of 1 process with the 4 groups, for every aggregation:
@@ -152,6 +150,7 @@ def _torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedPro
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_writes_global_metrics_and_resumes(tmp_path):
     first = _torchrun(tmp_path, 2, "--max-steps", "1")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -177,6 +176,7 @@ def test_torchrun_two_processes_writes_global_metrics_and_resumes(tmp_path):
     assert "trained by 2 process(es), this job has 1" in alone.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_dynamic_sampling_resamples_per_rank_and_resumes(tmp_path):
     """--dynamic-sampling under torchrun: each rank resamples its own groups from its own stream (saved per rank in
     the checkpoint); the record sums the ranks' counts. The random model's rewards are all 0: every group is constant,
@@ -194,10 +194,11 @@ def test_torchrun_dynamic_sampling_resamples_per_rank_and_resumes(tmp_path):
         # per rank: 2 groups, then 2 more; 2 of the 4 constant groups filled in
         assert (r["ds_resampled"], r["ds_constant"], r["ds_filled"], r["ds_rollouts"]) == (4, 8, 4, 32)
     state = torch.load(out / "checkpoint" / "state.pt", weights_only=True)
-    a, b = (rngs["resample"] for rngs in state["rank_rngs"])
-    assert a != b and a == state["rng"]["resample"]  # each rank's own stream; rank 0's is also the main one
+    a, b = (features["dynamic_sampling"]["rng"] for features in state["features"])
+    assert a != b  # each rank's own stream
 
 
+@pytest.mark.slow
 def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_path):
     """A step that raises under torchrun: the error propagates (exit status 1) and no DistributedDataParallel wrapper
     is alive when the trainer destroys the process group. Before the fix the exception's frames kept the wrapper, whose
@@ -208,7 +209,7 @@ def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_pa
         import gc, os, sys
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
-        import train.loop
+        import train.step
         destroy = dist.destroy_process_group
         def counting_destroy(*args, **kwargs):
             live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
@@ -217,7 +218,7 @@ def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_pa
         def failing_update(*args, **kwargs):
             raise RuntimeError("injected step failure")
         dist.destroy_process_group = counting_destroy
-        train.loop.policy_update = failing_update
+        train.step.policy_update = failing_update
         from train.__main__ import main
         sys.exit(main(sys.argv[1:]))
     """)
@@ -241,6 +242,7 @@ def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
         loop.check_world(dataclasses.replace(_cfg(tmp_path), prompts_per_step=4), Dist(rank=0, world=3))
 
 
+@pytest.mark.slow
 def test_bench_ddp_runs_and_reports(tmp_path, monkeypatch):
     """The data-parallel benchmark end to end on the tiny model (1 step per job): both jobs train on the same global
     batch and the table reports them."""

@@ -6,30 +6,30 @@ stream is checkpointed and an interrupted run (also inside a resampling rollout)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
+import conftest  # noqa: E402
+
 import train.loop as loop  # noqa: E402
+import train.step as step_module  # noqa: E402
 from train.config import ConfigError, TrainConfig  # noqa: E402
+from train.features import dynamic_sampling  # noqa: E402
+from train.features.dynamic_sampling import constant_groups, resample  # noqa: E402
 from train.rollout import Batch  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
 TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 G = 4
 
-
-def tiny_cfg(out, **kw) -> TrainConfig:
-    base = dict(model="tiny", output_dir=str(out), max_steps=3, prompts_per_step=2, group_size=G, max_new_tokens=6,
-                eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=1, progress=False,
-                warmup_steps=1, lr=1e-3, save_every=0, dynamic_sampling=True)  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
+# conftest's tiny run (groups of G), with dynamic sampling, without periodic checkpoints
+tiny_cfg = functools.partial(conftest.tiny_cfg, group_size=G, save_every=0, dynamic_sampling=True)
 
 
 def records(out) -> list[dict]:
@@ -45,8 +45,8 @@ def steps_of(out) -> list[dict]:
 
 def test_constant_groups():
     rewards = torch.tensor([1, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5000001], dtype=torch.float64)
-    assert loop.constant_groups(rewards, 4) == [False, True, True, False]
-    assert loop.constant_groups(torch.tensor([0.2, 0.2]), 2) == [True]
+    assert constant_groups(rewards, 4) == [False, True, True, False]
+    assert constant_groups(torch.tensor([0.2, 0.2]), 2) == [True]
 
 
 def _fake_batch(problems: list[int]) -> Batch:
@@ -70,11 +70,6 @@ class _Task:
         return out
 
 
-def _run(stream: list[int], tries: int):
-    cfg = SimpleNamespace(group_size=G, dynamic_sampling_max_tries=tries)
-    return SimpleNamespace(cfg=cfg, task=_Task(stream), resample_rng=None, tok=SimpleNamespace(pad_token_id=0))
-
-
 @pytest.mark.parametrize(
     "first, stream, tries, kept, counts",
     [
@@ -92,10 +87,10 @@ def _run(stream: list[int], tries: int):
         ([3, 1, 2], [4], 1, [3, 1, 2], dict(tries=1, resampled=0, constant=1, filled=1, capped=True, rollouts=12)),
     ],
 )  # fmt: skip
-def test_dynamic_sampling_by_hand(monkeypatch, first, stream, tries, kept, counts):
-    monkeypatch.setattr(loop, "roll", lambda run, problems: _fake_batch(problems))
+def test_dynamic_sampling_by_hand(first, stream, tries, kept, counts):
+    task = _Task(stream)
     batch = _fake_batch(first)
-    got, c = loop.dynamic_sampling(_run(stream, tries), batch)
+    got, c = resample(batch, _fake_batch, lambda n: task.sample(n, None), G, tries, pad_id=0)
     assert (got is batch) == (counts["tries"] == 1)
     assert [int(t.split(".")[0]) for t in got.texts[::G]] == kept  # the kept groups, in the order drawn
     assert got.texts == _fake_batch(kept).texts and got.rewards.tolist() == _fake_batch(kept).rewards.tolist()
@@ -135,18 +130,18 @@ def _constant_rollout(real):
 
 
 def _trained_batches(monkeypatch) -> list[Batch]:
-    seen, real = [], loop.policy_update
+    seen, real = [], step_module.policy_update
 
-    def spy(run, state, batch, groups):
+    def spy(run, batch, groups, update, step):
         seen.append(batch)
-        return real(run, state, batch, groups)
+        return real(run, batch, groups, update, step)
 
-    monkeypatch.setattr(loop, "policy_update", spy)
+    monkeypatch.setattr(step_module, "policy_update", spy)
     return seen
 
 
 def test_trained_batches_have_no_constant_group(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "rollout", _answer_parity_rollout(loop.rollout))
+    monkeypatch.setattr(step_module, "rollout", _answer_parity_rollout(step_module.rollout))
     seen = _trained_batches(monkeypatch)
     summary = loop.train(tiny_cfg(tmp_path / "run", prompts_per_step=4, dynamic_sampling_max_tries=8), LOSS)
     assert summary["steps"] == 3 and len(seen) == 3
@@ -154,7 +149,7 @@ def test_trained_batches_have_no_constant_group(tmp_path, monkeypatch):
     assert sum(r["ds_resampled"] for r in recs) > 0  # some groups were constant and got replaced
     for batch, r in zip(seen, recs):
         assert not r["ds_capped"] and r["ds_filled"] == 0
-        assert len(batch.texts) == 4 * G and not any(loop.constant_groups(batch.rewards, G))
+        assert len(batch.texts) == 4 * G and not any(constant_groups(batch.rewards, G))
         assert r["zero_var_frac"] == 0.0 and r["completions"] == 4 * G
         assert r["ds_constant"] == r["ds_resampled"]  # every constant group drawn was dropped and replaced
         assert r["ds_rollouts"] == (4 + r["ds_resampled"]) * G and 1 <= r["ds_tries"] <= 8
@@ -165,14 +160,14 @@ def test_trained_batches_have_no_constant_group(tmp_path, monkeypatch):
 
 def test_cap_is_honored_and_logged(tmp_path, monkeypatch):
     calls = {"n": 0}
-    real = _constant_rollout(loop.rollout)
+    real = _constant_rollout(step_module.rollout)
 
     def counting(*args, **kwargs):
         if not kwargs.get("greedy") and kwargs.get("group_size") == G:
             calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "rollout", counting)
+    monkeypatch.setattr(step_module, "rollout", counting)
     seen = _trained_batches(monkeypatch)
     loop.train(tiny_cfg(tmp_path / "run", max_steps=2, dynamic_sampling_max_tries=3), LOSS)
     assert calls["n"] == 2 * 3  # 3 rollouts per step, no more
@@ -187,7 +182,7 @@ def test_off_by_default_and_its_fields_only_when_on(tmp_path):
     loop.train(tiny_cfg(tmp_path / "off", max_steps=1, dynamic_sampling=False), LOSS)
     assert not any(k.startswith("ds_") for k in steps_of(tmp_path / "off")[0])
     state = torch.load(tmp_path / "off" / "checkpoint" / "state.pt", weights_only=True)
-    assert "resample" not in state["rng"]
+    assert "dynamic_sampling" not in state["features"][0]
     with pytest.raises(ConfigError, match="dynamic_sampling_max_tries=2 has no effect without dynamic_sampling"):
         TrainConfig(dynamic_sampling_max_tries=2)
     with pytest.raises(ConfigError, match="dynamic_sampling_max_tries"):
@@ -205,7 +200,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, where):
     (timing aside), the same final weights, bitwise, as the uninterrupted run; the checkpoint holds the resample
     stream."""
     cfg = dict(max_steps=4, prompts_per_step=4, save_every=1)
-    monkeypatch.setattr(loop, "rollout", _answer_parity_rollout(loop.rollout))
+    monkeypatch.setattr(step_module, "rollout", _answer_parity_rollout(step_module.rollout))
     loop.train(tiny_cfg(tmp_path / "ref", **cfg), LOSS)
     ref = steps_of(tmp_path / "ref")
     calls = _training_rollouts(ref)
@@ -213,7 +208,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, where):
         i for i, (step, again) in enumerate(calls) if step >= 2 and again == (where != "first rollout of a step")
     )
 
-    count, real = {"n": 0}, loop.rollout
+    count, real = {"n": 0}, step_module.rollout
 
     def interrupting(*args, **kwargs):
         if not kwargs.get("greedy") and kwargs.get("group_size") == G:
@@ -222,12 +217,13 @@ def test_resume_is_exact(tmp_path, monkeypatch, where):
                 raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "rollout", interrupting)
+    monkeypatch.setattr(step_module, "rollout", interrupting)
     first = loop.train(tiny_cfg(tmp_path / "b", **cfg), LOSS)
     assert first["interrupted"] and first["steps"] == calls[nth - 1][0] - 1
     state = torch.load(tmp_path / "b" / "checkpoint" / "state.pt", weights_only=True)
-    assert isinstance(state["rng"]["resample"], list) and len(state["rng"]["resample"][1]) == 625
-    monkeypatch.setattr(loop, "rollout", real)
+    resample_rng = state["features"][0]["dynamic_sampling"]["rng"]
+    assert isinstance(resample_rng, list) and len(resample_rng[1]) == 625
+    monkeypatch.setattr(step_module, "rollout", real)
     loop.train(tiny_cfg(tmp_path / "b", resume=True, **cfg), LOSS)
     strip = lambda recs: [{k: v for k, v in r.items() if k not in TIMING} for r in recs]  # noqa: E731
     assert strip(records(tmp_path / "b")) == strip(records(tmp_path / "ref"))
@@ -235,14 +231,15 @@ def test_resume_is_exact(tmp_path, monkeypatch, where):
     b = torch.load(tmp_path / "b" / "checkpoint" / "state.pt", weights_only=True)
     for name in a["trainable"]:
         assert torch.equal(a["trainable"][name], b["trainable"][name]), name
-    assert a["rng"]["resample"] == b["rng"]["resample"]
+    assert a["features"][0]["dynamic_sampling"]["rng"] == b["features"][0]["dynamic_sampling"]["rng"]
 
 
 def test_each_step_starts_from_the_problems_a_run_without_it_draws(tmp_path, monkeypatch):
-    """The resamples come from a stream of their own (`run.resample_rng`, per rank): the shared draw of each step's
-    first prompts (`task_rng`, sliced by rank under torchrun) is the one a run without dynamic sampling makes."""
-    monkeypatch.setattr(loop, "rollout", _answer_parity_rollout(loop.rollout))
-    real_roll, real_ds = loop.roll, loop.dynamic_sampling
+    """The resamples come from a stream of their own (the dynamic-sampling feature's `rng`, per rank): the shared draw
+    of each step's first prompts (`task_rng`, sliced by rank under torchrun) is the one a run without dynamic sampling
+    makes."""
+    monkeypatch.setattr(step_module, "rollout", _answer_parity_rollout(step_module.rollout))
+    real_roll, real_ds = step_module.roll, dynamic_sampling.resample
     inside, firsts = [False], []
 
     def roll(run, problems):
@@ -250,15 +247,15 @@ def test_each_step_starts_from_the_problems_a_run_without_it_draws(tmp_path, mon
             firsts.append([p.question for p in problems])
         return real_roll(run, problems)
 
-    def ds(run, batch):
+    def ds(*args, **kwargs):
         inside[0] = True
         try:
-            return real_ds(run, batch)
+            return real_ds(*args, **kwargs)
         finally:
             inside[0] = False
 
-    monkeypatch.setattr(loop, "roll", roll)
-    monkeypatch.setattr(loop, "dynamic_sampling", ds)
+    monkeypatch.setattr(step_module, "roll", roll)
+    monkeypatch.setattr(dynamic_sampling, "resample", ds)
     loop.train(tiny_cfg(tmp_path / "on", prompts_per_step=4), LOSS)
     on, firsts[:] = list(firsts), []
     loop.train(tiny_cfg(tmp_path / "off", prompts_per_step=4, dynamic_sampling=False), LOSS)
@@ -267,13 +264,14 @@ def test_each_step_starts_from_the_problems_a_run_without_it_draws(tmp_path, mon
 
 
 def test_a_bad_resample_state_is_refused(tmp_path):
-    from train.checkpoint import CheckpointError, read_checkpoint
+    from train.run.checkpoint import CheckpointError, read_checkpoint
 
     loop.train(tiny_cfg(tmp_path / "run", max_steps=1), LOSS)
     file = tmp_path / "run" / "checkpoint" / "state.pt"
     state = torch.load(file, weights_only=True)
-    assert read_checkpoint(file)["rng"]["resample"] == state["rng"]["resample"]
-    state["rng"]["resample"] = [3, [1, 2.5], None]
+    saved = state["features"][0]["dynamic_sampling"]
+    assert read_checkpoint(file)["features"][0]["dynamic_sampling"]["rng"] == saved["rng"]
+    saved["rng"] = [3, [1, 2.5], None]
     torch.save(state, file)
-    with pytest.raises(CheckpointError, match="bad resample RNG state"):
-        read_checkpoint(file)
+    with pytest.raises(CheckpointError, match="bad resample RNG state"):  # (the feature checks its state on resume)
+        loop.train(tiny_cfg(tmp_path / "run", max_steps=1, resume=True), LOSS)

@@ -5,6 +5,7 @@ real signal must reach a real process)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,36 +20,22 @@ import torch
 
 pytest.importorskip("transformers")
 
+import conftest  # noqa: E402
+
 import train.evaluate as evaluate_module  # noqa: E402
 import train.loop as loop  # noqa: E402
+import train.step as step_module  # noqa: E402
+import train.update as update_module  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
+from train.run.progress import bar_total  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
 TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 REPO = Path(__file__).resolve().parents[1]
 
-
-def tiny_cfg(out, **kw) -> TrainConfig:
-    base = dict(
-        model="tiny",
-        output_dir=str(out),
-        max_steps=3,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=6,
-        eval_problems=6,
-        eval_k=2,
-        eval_k_problems=3,
-        probe_size=3,
-        kl_every=1,
-        progress=False,
-        warmup_steps=1,
-        lr=1e-3,
-        save_every=0,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+# conftest's tiny run, without periodic checkpoints (a test that wants them says save_every)
+tiny_cfg = functools.partial(conftest.tiny_cfg, save_every=0)
 
 
 def records(out) -> list[dict]:
@@ -142,7 +129,7 @@ def test_malicious_checkpoint_is_refused_not_executed(tmp_path):
     file = out / "checkpoint" / "state.pt"
     state = torch.load(file, weights_only=False)  # the test's own file
     marker = tmp_path / "pwned"
-    (state["loop"] if "loop" in state else state)["history"].append(_Payload(marker))
+    state["features"][0]["collapse"]["history"].append(_Payload(marker))
     torch.save(state, file)
     with pytest.raises(Exception) as exc:
         loop.train(tiny_cfg(out, max_steps=2, kl_every=0, eval_k=0, resume=True), LOSS)
@@ -176,7 +163,7 @@ def test_no_unsafe_deserialization_in_the_trainer():
     # the sandbox's bootstrap runs the untrusted program with exec() on purpose, in the isolated child it forks
     # (train/sandbox.py: limits, namespaces, its own uid); nowhere else may the trainer exec or eval anything
     allowed = {("_sandbox_boot.py", r"(?<![\w.])exec\(")}
-    for path in (REPO / "train").glob("*.py"):
+    for path in (REPO / "train").rglob("*.py"):
         text = path.read_text()
         for bad in (r"weights_only=False", r"\bpickle\b", r"(?<![\w.])eval\(", r"(?<![\w.])exec\("):
             if (path.name, bad) not in allowed:
@@ -241,9 +228,9 @@ def _patch(monkeypatch, what, n):
 
         monkeypatch.setattr(evaluate_module, "evaluate", Nth(evaluate_module.evaluate, n, boom))
     elif what == "rollout":
-        monkeypatch.setattr(loop, "rollout", Nth(loop.rollout, n, interrupt, training_rollout))
+        monkeypatch.setattr(step_module, "rollout", Nth(step_module.rollout, n, interrupt, training_rollout))
     elif what == "sgrpo_loss":
-        monkeypatch.setattr(loop, "sgrpo_loss", Nth(loop.sgrpo_loss, n, interrupt))
+        monkeypatch.setattr(update_module, "sgrpo_loss", Nth(update_module.sgrpo_loss, n, interrupt))
     elif what == "kl_from_init":
         monkeypatch.setattr(loop, "kl_from_init", Nth(loop.kl_from_init, n, interrupt))
     elif what.startswith("adamw_step"):
@@ -300,10 +287,10 @@ def test_interrupt_in_any_phase_resumes_exactly(tmp_path, monkeypatch, phase, un
 
 DRIVER = """
 import os, signal, sys
-import train.loop as loop
+import train.step as step
 from train.__main__ import main
 
-real, n = loop.rollout, [0]
+real, n = step.rollout, [0]
 
 def rollout(*args, **kwargs):
     if not kwargs.get("greedy") and kwargs.get("group_size") == 2:
@@ -312,11 +299,12 @@ def rollout(*args, **kwargs):
             os.kill(os.getpid(), signal.{sig})
     return real(*args, **kwargs)
 
-loop.rollout = rollout
+step.rollout = rollout
 sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_signal_checkpoints_and_exits_with_its_code(tmp_path, sig, code):
     """A real SIGTERM / SIGINT at step 2 (of a process with the default save_every): a checkpoint at step 1, exit
@@ -442,7 +430,7 @@ def test_rerun_without_resume_refuses_to_overwrite(tmp_path):
 @pytest.mark.parametrize("flock", [True, False])
 def test_stale_lock_of_a_dead_process_does_not_block(tmp_path, monkeypatch, flock):
     if not flock:
-        from train import lock
+        from train.run import lock
 
         monkeypatch.setattr(lock, "fcntl", None)  # the pid-file fallback
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -469,13 +457,13 @@ def _strict(text: str):
 
 
 def test_metrics_and_summary_are_strict_json(tmp_path, monkeypatch):
-    real = loop.sgrpo_loss
+    real = update_module.sgrpo_loss
 
     def nan_loss(*args, **kwargs):  # every update skipped: no gradient, grad_norm NaN
         loss, metrics = real(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(loop, "sgrpo_loss", nan_loss)
+    monkeypatch.setattr(update_module, "sgrpo_loss", nan_loss)
     out = tmp_path / "run"
     loop.train(tiny_cfg(out, max_steps=2, kl_every=0, eval_k=0), LOSS)
     recs = [_strict(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -508,7 +496,7 @@ def test_resuming_a_finished_run_writes_nothing_twice(tmp_path, capsys):
 def test_torn_last_line_does_not_block_resume(tmp_path, monkeypatch):
     out = tmp_path / "run"
     with monkeypatch.context() as m:
-        m.setattr(loop, "rollout", Nth(loop.rollout, 2, interrupt, training_rollout))
+        m.setattr(step_module, "rollout", Nth(step_module.rollout, 2, interrupt, training_rollout))
         train_interrupted(tiny_cfg(out, max_steps=3, eval_k=0))
     with (out / "metrics.jsonl").open("a") as f:
         f.write('{"step": 2, "reward_me')  # a write cut short
@@ -517,7 +505,9 @@ def test_torn_last_line_does_not_block_resume(tmp_path, monkeypatch):
 
 
 def test_interrupted_cli_exits_130(tmp_path, monkeypatch):
-    monkeypatch.setattr(loop, "rollout", Nth(loop.rollout, 2, interrupt, lambda *a, **k: not k.get("greedy")))
+    monkeypatch.setattr(
+        step_module, "rollout", Nth(step_module.rollout, 2, interrupt, lambda *a, **k: not k.get("greedy"))
+    )
     try:
         assert main(cli_args(tmp_path / "run", "--max-steps", "3")) == 130
     except KeyboardInterrupt:
@@ -583,11 +573,13 @@ def test_long_phases_show_named_progress_bars(tmp_path, capsys):
 
 def test_training_bar_total_follows_the_time_budget():
     cfg = TrainConfig(max_steps=100, time_budget_s=100.0)
-    assert loop.bar_total(cfg, 0, 0, 0.0) == 100  # no pace yet
-    assert loop.bar_total(cfg, 0, 10, 50.0) == 10 + 10 + 1  # 5 s a step, 50 s left; one more starts at t = 100
-    assert loop.bar_total(cfg, 0, 10, 120.0) == 10  # spent: the next check stops
-    assert loop.bar_total(cfg, 5, 10, 5.0) == 100  # fast: max_steps comes first
-    assert loop.bar_total(TrainConfig(max_steps=7), 0, 3, 1e6) == 7  # no budget
+    budget = (cfg.max_steps, cfg.time_budget_s)
+    assert bar_total(*budget, 0, 0, 0.0) == 100  # no pace yet
+    assert bar_total(*budget, 0, 10, 50.0) == 10 + 10 + 1  # 5 s a step, 50 s left; one more starts at t = 100
+    assert bar_total(*budget, 0, 10, 120.0) == 10  # spent: the next check stops
+    assert bar_total(*budget, 5, 10, 5.0) == 100  # fast: max_steps comes first
+    no_budget = TrainConfig(max_steps=7)
+    assert bar_total(no_budget.max_steps, no_budget.time_budget_s, 0, 3, 1e6) == 7  # no budget
 
 
 def test_kl_from_init_is_null_where_not_measured(tmp_path):

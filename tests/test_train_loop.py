@@ -10,40 +10,23 @@ import torch
 
 pytest.importorskip("transformers")
 
+from conftest import tiny_cfg  # noqa: E402
+
 import train.loop as loop  # noqa: E402
+import train.step as step_module  # noqa: E402
+import train.update as update_module  # noqa: E402
 from sgrpo_kernels import sgrpo_loss  # noqa: E402
 from sgrpo_kernels.rl import preset  # noqa: E402
 from train.__main__ import main  # noqa: E402
-from train.config import TrainConfig, parse_args  # noqa: E402
-from train.model import head_weight, policy_hidden, policy_hidden_grouped, tiny_model_and_tokenizer  # noqa: E402
+from train.cli import parse_args  # noqa: E402
+from train.config import TrainConfig  # noqa: E402
+from train.model import head_weight, tiny_model_and_tokenizer  # noqa: E402
+from train.policy import completion_hidden, policy_hidden, policy_hidden_grouped  # noqa: E402
 from train.rollout import completion_mask, rollout  # noqa: E402
-from train.setup import completion_hidden  # noqa: E402
 from train.tasks import ArithmeticTask  # noqa: E402
 
 # A loss that always has a gradient on a random model (whose rewards are all 0): an entropy bonus, no filter.
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}
-
-
-def tiny_cfg(tmp_path, **kw) -> TrainConfig:
-    base = dict(
-        model="tiny",
-        output_dir=str(tmp_path / "run"),
-        max_steps=3,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=6,
-        eval_problems=6,
-        eval_k=2,
-        eval_k_problems=3,
-        probe_size=3,
-        kl_every=1,
-        progress=False,
-        warmup_steps=1,
-        lr=1e-3,
-        system_prompt=None,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def test_completion_mask_keeps_first_eos():
@@ -110,7 +93,7 @@ def test_training_step_changes_weights():
 
 
 def test_run_writes_metrics_and_summary(tmp_path):
-    summary = loop.train(tiny_cfg(tmp_path, max_steps=2), LOSS)
+    summary = loop.train(tiny_cfg(tmp_path / "run", max_steps=2), LOSS)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in lines if r.get("event") != "eval"]
     evals = [r for r in lines if r.get("event") == "eval"]
@@ -128,14 +111,14 @@ def test_run_writes_metrics_and_summary(tmp_path):
 
 
 def test_resume_is_exact(tmp_path, monkeypatch):
-    ref = loop.train(tiny_cfg(tmp_path / "a", max_steps=3), LOSS)
+    ref = loop.train(tiny_cfg(tmp_path / "a" / "run", max_steps=3), LOSS)
     ref_steps = [json.loads(x) for x in (tmp_path / "a" / "run" / "metrics.jsonl").read_text().splitlines()]
     ref_losses = [r["loss"] for r in ref_steps if r.get("event") != "eval"]
     assert ref["steps"] == 3
 
     # The same run, interrupted (Ctrl-C) during step 3, then resumed.
     calls = {"n": 0}
-    real_rollout = loop.rollout
+    real_rollout = step_module.rollout
 
     def interrupting_rollout(*args, **kwargs):
         if not kwargs.get("greedy") and kwargs.get("group_size") == 4:  # a training rollout
@@ -144,11 +127,11 @@ def test_resume_is_exact(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
         return real_rollout(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "rollout", interrupting_rollout)
-    out = loop.train(tiny_cfg(tmp_path / "b", max_steps=3), LOSS)
+    monkeypatch.setattr(step_module, "rollout", interrupting_rollout)
+    out = loop.train(tiny_cfg(tmp_path / "b" / "run", max_steps=3), LOSS)
     assert out["interrupted"] and out["steps"] == 2
-    monkeypatch.setattr(loop, "rollout", real_rollout)
-    resumed = loop.train(tiny_cfg(tmp_path / "b", max_steps=3, resume=True), LOSS)
+    monkeypatch.setattr(step_module, "rollout", real_rollout)
+    resumed = loop.train(tiny_cfg(tmp_path / "b" / "run", max_steps=3, resume=True), LOSS)
     assert resumed["steps"] == 3
     lines = [json.loads(x) for x in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in lines if r.get("event") != "eval"]
@@ -169,16 +152,16 @@ class _NanGrad(torch.autograd.Function):
 
 @pytest.mark.parametrize("kind", ["loss", "grad"])
 def test_non_finite_guard_skips_step(tmp_path, monkeypatch, kind):
-    real = loop.sgrpo_loss
+    real = update_module.sgrpo_loss
 
     def bad_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         return (loss * float("nan") if kind == "loss" else _NanGrad.apply(loss)), metrics
 
-    monkeypatch.setattr(loop, "sgrpo_loss", bad_loss)
+    monkeypatch.setattr(update_module, "sgrpo_loss", bad_loss)
     model, tok = tiny_model_and_tokenizer(0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    loop.train(tiny_cfg(tmp_path, max_steps=2, kl_every=0, eval_k=0), LOSS, model_and_tokenizer=(model, tok))
+    loop.train(tiny_cfg(tmp_path / "run", max_steps=2, kl_every=0, eval_k=0), LOSS, model_and_tokenizer=(model, tok))
     for n, p in model.named_parameters():
         assert torch.equal(p, before[n]), n  # the weights were never touched
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -284,13 +267,13 @@ def test_cli_runs_and_plots(tmp_path):
 
 
 def test_grpo_preset_loads_reference(tmp_path, capsys):
-    loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=1, eval_k=0, kl_every=0))
+    loop.train(tiny_cfg(tmp_path / "run", preset="grpo", max_steps=1, eval_k=0, kl_every=0))
     assert "reference model:" in capsys.readouterr().out
 
 
 def test_lora_and_multiple_epochs(tmp_path):
     pytest.importorskip("peft")
-    loop.train(tiny_cfg(tmp_path, max_steps=2, lora=True, lora_r=4, ppo_epochs=2, eval_k=0, lr=1e-2), LOSS)
+    loop.train(tiny_cfg(tmp_path / "run", max_steps=2, lora=True, lora_r=4, ppo_epochs=2, eval_k=0, lr=1e-2), LOSS)
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r.get("event") != "eval"]
     assert all(r["grad_norm"] > 0 and r["skipped"] == 0 for r in steps)
@@ -302,12 +285,12 @@ def test_one_target_check_per_step(tmp_path, monkeypatch):
     host sync) runs on the first of them only. Counted between consecutive step records (a step's rollout, update
     and KL probe; the held-out evals call no log-prob op)."""
     import sgrpo_kernels.ops as ops
-    import train.setup as setup_module
-    from train.metrics import MetricsLog
+    import train.policy as policy_module
+    from train.run.metrics import MetricsLog
 
     monkeypatch.delenv("SGRPO_CHECK_TARGETS", raising=False)
     checks, ops_calls, per_step, last = [0], [0], [], [None]
-    real_check, real_ll, real_write = ops.check_target_values, setup_module.linear_logprobs, MetricsLog.write
+    real_check, real_ll, real_write = ops.check_target_values, policy_module.linear_logprobs, MetricsLog.write
 
     def counting_check(*args, **kwargs):
         checks[0] += 1
@@ -324,29 +307,29 @@ def test_one_target_check_per_step(tmp_path, monkeypatch):
         return real_write(self, record)
 
     monkeypatch.setattr(ops, "check_target_values", counting_check)
-    monkeypatch.setattr(setup_module, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
+    monkeypatch.setattr(policy_module, "linear_logprobs", counting_ll)  # old_logp, ref_logp and the KL probe
     monkeypatch.setattr(MetricsLog, "write", counting_write)
-    loop.train(tiny_cfg(tmp_path, preset="grpo", max_steps=2, ppo_epochs=2, kl_every=1, eval_k=0))
+    loop.train(tiny_cfg(tmp_path / "run", preset="grpo", max_steps=2, ppo_epochs=2, kl_every=1, eval_k=0))
     assert per_step == [(1, 3), (1, 3)]  # 3 forward-only calls + 2 losses per step, one check
     assert checks[0] == 1 + 2  # + the probe's own check when it was created
 
 
 def test_renamed_metric_fails_loudly(tmp_path, monkeypatch):
     """A metric the RL layer stops reporting (or renames) is a KeyError, not a NaN in metrics.jsonl."""
-    real = loop.sgrpo_loss
+    real = update_module.sgrpo_loss
 
     def renamed(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         metrics["entropy"] = metrics.pop("entropy_mean")
         return loss, metrics
 
-    monkeypatch.setattr(loop, "sgrpo_loss", renamed)
+    monkeypatch.setattr(update_module, "sgrpo_loss", renamed)
     with pytest.raises(KeyError, match="entropy_mean"):
-        loop.train(tiny_cfg(tmp_path, max_steps=1, kl_every=0, eval_k=0), LOSS)
+        loop.train(tiny_cfg(tmp_path / "run", max_steps=1, kl_every=0, eval_k=0), LOSS)
 
 
 def test_metrics_log_fresh_and_resumed(tmp_path):
-    from train.metrics import MetricsLog
+    from train.run.metrics import MetricsLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 9}\n')
@@ -376,7 +359,8 @@ def test_the_s_grpo_loss_default_applies_to_s_grpo_only():
     """Regression: the trainer's default `--loss entropy_filter=quantile:0.75` (meant for s_grpo) was applied to every
     preset, so `--preset grpo` silently ran with a completion entropy filter GRPO does not have."""
     from sgrpo_kernels.rl import preset
-    from train.config import PRESET_LOSS_DEFAULTS, TrainConfig, parse_args
+    from train.cli import parse_args
+    from train.config import PRESET_LOSS_DEFAULTS, TrainConfig
 
     for name in ("grpo", "gtpo", "dapo", "grpo_tc"):
         assert TrainConfig(preset=name).loss_config() == preset(name), name

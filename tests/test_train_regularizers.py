@@ -5,6 +5,7 @@ with each option (record fields, the weights' actual step), exact resume, and th
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -14,19 +15,20 @@ import torch
 
 pytest.importorskip("transformers")
 
+import conftest  # noqa: E402
+
 import train.loop as loop  # noqa: E402
+import train.step as step_module  # noqa: E402
 from train.config import ConfigError, TrainConfig  # noqa: E402
+from train.features import grad_penalty  # noqa: E402
+from train.features.grad_penalty import penalize_gradient  # noqa: E402
+from train.features.trust_region import project_step  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
 TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 
-
-def tiny_cfg(out, **kw) -> TrainConfig:
-    base = dict(model="tiny", output_dir=str(out), max_steps=2, prompts_per_step=2, group_size=4, max_new_tokens=6,
-                eval_problems=6, eval_k=2, eval_k_problems=3, probe_size=3, kl_every=1, progress=False,
-                warmup_steps=0, lr=1e-2, save_every=0)  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
+# conftest's tiny run, 2 steps at lr 1e-2 from the first (no warm-up), without periodic checkpoints
+tiny_cfg = functools.partial(conftest.tiny_cfg, max_steps=2, warmup_steps=0, lr=1e-2, save_every=0)
 
 
 def steps_of(out) -> list[dict]:
@@ -42,13 +44,13 @@ def test_projection_by_hand():
     ball of radius 1 it becomes (0.6, 0 | 0.8)."""
     old = [torch.zeros(2), torch.zeros(1)]
     params = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]
-    assert loop.project_step(params, old, 1.0) == pytest.approx((5.0, 1.0), rel=1e-7)
+    assert project_step(params, old, 1.0) == pytest.approx((5.0, 1.0), rel=1e-7)
     torch.testing.assert_close(params[0], torch.tensor([0.6, 0.0]))
     torch.testing.assert_close(params[1], torch.tensor([0.8]))
     # with theta_old elsewhere: (1, 1 | 1) -> (4, 1 | 5), step (3, 0 | 4), radius 2.5 -> (2.5, 1 | 3)
     old = [torch.tensor([1.0, 1.0]), torch.tensor([1.0])]
     params = [torch.tensor([4.0, 1.0]), torch.tensor([5.0])]
-    assert loop.project_step(params, old, 2.5) == pytest.approx((5.0, 2.5), rel=1e-7)
+    assert project_step(params, old, 2.5) == pytest.approx((5.0, 2.5), rel=1e-7)
     torch.testing.assert_close(params[0], torch.tensor([2.5, 1.0]))
     torch.testing.assert_close(params[1], torch.tensor([3.0]))
 
@@ -57,10 +59,10 @@ def test_projection_leaves_a_step_inside_the_ball_and_a_non_finite_one_alone():
     old = [torch.zeros(2), torch.zeros(1)]
     params = [torch.tensor([3.0, 0.0]), torch.tensor([4.0])]
     copy = [p.clone() for p in params]
-    assert loop.project_step(params, old, 5.0) == (5.0, 5.0)  # on the sphere: inside
+    assert project_step(params, old, 5.0) == (5.0, 5.0)  # on the sphere: inside
     assert all(torch.equal(a, b) for a, b in zip(params, copy))
     params[1][0] = float("nan")
-    before, after = loop.project_step(params, old, 1.0)
+    before, after = project_step(params, old, 1.0)
     assert math.isnan(before) and math.isnan(after) and params[0].tolist() == [3.0, 0.0]
 
 
@@ -71,7 +73,7 @@ def test_projection_ends_inside_the_ball_along_the_step(seed):
     new = [o + torch.randn(o.shape, generator=g) * 10 ** (seed - 2) for o in old]
     delta = float(torch.rand((), generator=g)) * 2
     params = [p.clone() for p in new]
-    before, after = loop.project_step(params, old, delta)
+    before, after = project_step(params, old, delta)
     step = torch.cat([(p - o).flatten() for p, o in zip(params, old)])
     want = torch.cat([(p - o).flatten() for p, o in zip(new, old)])
     # inside the ball up to the weights' own rounding: theta_old + d * f is stored to the nearest float32 (half an ulp
@@ -102,7 +104,7 @@ def test_penalized_gradient_by_hand():
     theta = torch.nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64))
     backward_at = _quadratic(theta, a, b)
     backward_at()
-    out = loop.penalize_gradient([theta], backward_at, lam=0.5, gamma=1.0, radius=0.01)
+    out = penalize_gradient([theta], backward_at, lam=0.5, gamma=1.0, radius=0.01)
     r2 = math.sqrt(2)
     torch.testing.assert_close(theta.grad, torch.tensor([4 - 1 / r2, 3 - 1 / (2 * r2)], dtype=torch.float64))
     assert theta.tolist() == [1.0, 2.0]  # put back exactly
@@ -116,7 +118,7 @@ def test_penalty_inactive_within_gamma():
     theta = torch.nn.Parameter(torch.tensor([0.6, 0.8], dtype=torch.float64))  # g = theta, ||g|| = 1
     _quadratic(theta, a, b)()
     calls = []
-    out = loop.penalize_gradient([theta], lambda: calls.append(1), lam=3.0, gamma=1.0, radius=0.01)
+    out = penalize_gradient([theta], lambda: calls.append(1), lam=3.0, gamma=1.0, radius=0.01)
     assert calls == [] and theta.grad.tolist() == [0.6, 0.8]
     assert out["penalty"] == 0.0 and out["active"] == 0 and math.isnan(out["hvp_norm"])
 
@@ -141,7 +143,7 @@ def test_penalized_gradient_matches_double_backward_where_it_exists():
 
     params = [torch.nn.Parameter(t.clone()) for t in w0]
     loss(params).backward()
-    loop.penalize_gradient(params, lambda: loss(params).backward(), lam, gamma, radius=1e-5)
+    penalize_gradient(params, lambda: loss(params).backward(), lam, gamma, radius=1e-5)
     for p, e in zip(params, exact):
         torch.testing.assert_close(p.grad, e, rtol=1e-4, atol=1e-6)
 
@@ -162,15 +164,15 @@ def test_the_op_has_no_double_backward():
 
 
 def _weights_around_updates(monkeypatch) -> list[tuple[list, list]]:
-    seen, real = [], loop.policy_update
+    seen, real = [], step_module.policy_update
 
-    def spy(run, state, batch, groups):
+    def spy(run, batch, groups, update, step):
         before = [p.detach().clone() for p in run.params]
-        out = real(run, state, batch, groups)
+        out = real(run, batch, groups, update, step)
         seen.append((before, [p.detach().clone() for p in run.params]))
         return out
 
-    monkeypatch.setattr(loop, "policy_update", spy)
+    monkeypatch.setattr(step_module, "policy_update", spy)
     return seen
 
 
@@ -189,13 +191,13 @@ def test_trust_region_trains_two_steps(tmp_path, monkeypatch):
 
 
 def test_gradient_penalty_trains_two_steps(tmp_path, monkeypatch):
-    calls, real = {"n": 0}, loop.penalize_gradient
+    calls, real = {"n": 0}, grad_penalty.penalize_gradient
 
     def counting(*args, **kwargs):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "penalize_gradient", counting)
+    monkeypatch.setattr(grad_penalty, "penalize_gradient", counting)
     summary = loop.train(tiny_cfg(tmp_path / "run", grad_penalty=0.01), LOSS)
     recs = steps_of(tmp_path / "run")
     assert summary["steps"] == 2 and calls["n"] == 2
@@ -212,7 +214,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, option):
     bitwise, as the uninterrupted run."""
     cfg = dict(max_steps=3, save_every=1, **option)
     loop.train(tiny_cfg(tmp_path / "ref", **cfg), LOSS)
-    count, real = {"n": 0}, loop.rollout
+    count, real = {"n": 0}, step_module.rollout
 
     def interrupting(*args, **kwargs):
         if not kwargs.get("greedy") and kwargs.get("group_size") == 4:
@@ -221,10 +223,10 @@ def test_resume_is_exact(tmp_path, monkeypatch, option):
                 raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "rollout", interrupting)
+    monkeypatch.setattr(step_module, "rollout", interrupting)
     first = loop.train(tiny_cfg(tmp_path / "b", **cfg), LOSS)
     assert first["interrupted"] and first["steps"] == 2
-    monkeypatch.setattr(loop, "rollout", real)
+    monkeypatch.setattr(step_module, "rollout", real)
     loop.train(tiny_cfg(tmp_path / "b", resume=True, **cfg), LOSS)
     strip = lambda recs: [{k: v for k, v in r.items() if k not in TIMING} for r in recs]  # noqa: E731
     assert strip(steps_of(tmp_path / "b")) == strip(steps_of(tmp_path / "ref"))

@@ -142,8 +142,8 @@ def read_checkpoint(file: Path) -> dict:
         ck.get("format") == FORMAT,
         file,
         what,
-        f"format {ck.get('format', 1)!r}, this trainer reads format {FORMAT} (format 1 was a pickle, format 2 kept "
-        "no feature states; neither is loaded: start the run again)",
+        f"format {ck.get('format', 1)!r}, this trainer reads format {FORMAT} (format 1 held whole Python objects, "
+        "format 2 kept no feature states; neither is loaded: start the run again)",
     )
     types = {
         "step": int,

@@ -130,7 +130,7 @@ def _register(name: str, what: str) -> None:
         return _make_jsonl_task(name, data_path, prompt_template, heldout_frac, seed)
 
     factory.__qualname__ = f"make_{name}"
-    help_text = f"{what} from --data-path FILE.jsonl (or a cached Hugging Face copy)"
+    help_text = f"{what} from the JSONL file of data_path (or a cached Hugging Face copy)"
     register_task(name, help=help_text, reads_data_path=True)(factory)
 
 
