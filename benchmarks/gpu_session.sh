@@ -67,7 +67,7 @@ if [ "$what" != bench ]; then
   # 2. the shared op suite (forward, every gradient, bad inputs) with its cuda-torch / cuda-triton parametrizations;
   #    its many small hypothesis shapes would each autotune (compile + time every config): fixed configs instead.
   step pytest_cuda env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -p no:cacheprovider -k cuda tests/test_ops.py \
-    tests/test_op_contract.py
+    tests/test_ops_contract.py
 fi
 if [ "$what" != tests ]; then
   step bench_gpu "$py" -m benchmarks.bench_gpu --out "$out/gpu"

@@ -38,7 +38,7 @@ def test_bad_trainer_names_are_refused(capsys):
 @pytest.mark.slow
 def test_three_trainers_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     pytest.importorskip("trl")
-    from tests.test_trl_integration import model, tokenizer
+    from tests.test_integrations_trl import model, tokenizer
 
     tok = tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

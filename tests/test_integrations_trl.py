@@ -217,7 +217,7 @@ TWO_PROCESS_SCRIPT = r"""
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from tests.test_trl_integration import trainer
+from tests.test_integrations_trl import trainer
 t = trainer(Path(sys.argv[2]), per_device_train_batch_size=4)
 t.train()
 flat = torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
@@ -332,7 +332,7 @@ SAME_BATCH_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from tests.test_trl_integration import SAME_BATCH_RUNS, same_batch_update
+from tests.test_integrations_trl import SAME_BATCH_RUNS, same_batch_update
 out = Path(sys.argv[2])
 for name in SAME_BATCH_RUNS:
     update, t = same_batch_update(out / name, name, per_device_train_batch_size=6)
