@@ -20,21 +20,25 @@ from sgrpo_kernels import backends
 # A run of the tiny random-weight Llama (train.model.tiny_model_and_tokenizer: no download) that takes seconds: 3 steps
 # of 2 prompts x 4 completions of at most 6 tokens, a small held-out set and KL probe, no progress bars. Each test file
 # states its own changes to it where it calls `tiny_cfg`.
-TINY_RUN = dict(
-    model="tiny",
-    max_steps=3,
-    prompts_per_step=2,
-    group_size=4,
-    max_new_tokens=6,
-    eval_problems=6,
-    eval_k=2,
-    eval_k_problems=3,
-    probe_size=3,
-    kl_every=1,
-    progress=False,
-    warmup_steps=1,
-    lr=1e-3,
-)
+TINY_RUN = {"model": "tiny", "max_steps": 3, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6}
+TINY_RUN |= {"eval_problems": 6, "eval_k": 2, "eval_k_problems": 3, "probe_size": 3, "kl_every": 1, "progress": False}
+TINY_RUN |= {"warmup_steps": 1, "lr": 1e-3}
+
+
+def assert_refused(call, exc: type[BaseException], words) -> None:
+    """`call()` raises `exc` whose message names every one of `words` (a string or a list of them)."""
+    with pytest.raises(exc) as info:
+        call()
+    for w in [words] if isinstance(words, str) else words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def tiny_argv(output_dir, *extra: str) -> list[str]:
+    """The command line of a smaller tiny run (2 x 2 completions of at most 4 tokens), then `extra` flags."""
+    sizes = {"prompts-per-step": 2, "group-size": 2, "max-new-tokens": 4, "eval-problems": 4, "eval-k": 2}
+    flags = [a for k, v in {**sizes, "probe-size": 2, "output-dir": output_dir, "progress": "false"}.items()
+             for a in (f"--{k}", str(v))]  # fmt: skip
+    return ["--model", "tiny", *flags, *extra]
 
 
 def tiny_cfg(output_dir, **overrides):

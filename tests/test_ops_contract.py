@@ -66,6 +66,20 @@ def test_opcheck_logits(dev_backend, return_entropy):
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_bwd.default, bwd_args)
 
 
+def assert_compiled_matches_eager(f, inputs) -> None:
+    """`f` compiled with fullgraph gives the eager loss and gradients for every input."""
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaves = [x.clone().requires_grad_(True) for x in inputs]
+    loss = compiled(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    leaves_e = [x.clone().requires_grad_(True) for x in inputs]
+    loss_e = f(*leaves_e)
+    grads_e = torch.autograd.grad(loss_e, leaves_e)
+    torch.testing.assert_close(loss, loss_e)
+    for a, e in zip(grads, grads_e):
+        torch.testing.assert_close(a, e)
+
+
 def test_torch_compile_fullgraph(dev_backend):
     device, backend = dev_backend
     torch._dynamo.reset()
@@ -77,16 +91,7 @@ def test_torch_compile_fullgraph(dev_backend):
         lp2, ent2 = sk.logprobs_from_logits(z, t, temperature=1.1, backend=backend)
         return (lp * 0.3 + ent * 0.7).sum() + (lp2 - 0.5 * ent2).sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    leaves = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
-    loss = compiled(*leaves)
-    grads = torch.autograd.grad(loss, leaves)
-    leaves_e = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
-    loss_e = f(*leaves_e)
-    grads_e = torch.autograd.grad(loss_e, leaves_e)
-    torch.testing.assert_close(loss, loss_e)
-    for a, e in zip(grads, grads_e):
-        torch.testing.assert_close(a, e)
+    assert_compiled_matches_eager(f, (h, w, b, z))
 
 
 def test_torch_compile_fullgraph_named_results(dev_backend):
@@ -103,16 +108,7 @@ def test_torch_compile_fullgraph_named_results(dev_backend):
         assert plain.max_logprob is None
         return (out.logp * 0.3 + out.entropy * 0.7 + out.max_logprob).sum() + (plain.logp - 0.5 * plain.entropy).sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    leaves = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
-    loss = compiled(*leaves)
-    grads = torch.autograd.grad(loss, leaves)
-    leaves_e = [x.clone().requires_grad_(True) for x in (h, w, b, z)]
-    loss_e = f(*leaves_e)
-    grads_e = torch.autograd.grad(loss_e, leaves_e)
-    torch.testing.assert_close(loss, loss_e)
-    for a, e in zip(grads, grads_e):
-        torch.testing.assert_close(a, e)
+    assert_compiled_matches_eager(f, (h, w, b, z))
 
 
 # ---------------------------------------------------------------------------------- the options, field by field

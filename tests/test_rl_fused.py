@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import assert_refused
 
 import sgrpo_kernels
 from sgrpo_kernels import reference, rl
@@ -58,41 +59,16 @@ def test_matches_reference_path(cfg, temperature):
     ids = torch.where(mask, targets, torch.zeros_like(targets))
     tw, counts = cfg.conflict_weights(ids, mask, adv, G)
 
+    def inputs(tw, counts) -> dict:  # the same loss inputs on both paths
+        return {"old_logp": old, "ref_logp": ref, "token_weights": tw, "conflict_counts": counts, "rewards": rewards}
+
     def fused(h, w, b, cfg, tw, counts, temperature):
-        return sgrpo_loss(
-            h,
-            w,
-            targets,
-            adv,
-            mask,
-            cfg,
-            bias=b,
-            temperature=temperature,
-            old_logp=old,
-            ref_logp=ref,
-            token_weights=tw,
-            conflict_counts=counts,
-            rewards=rewards,
-            group_size=G,
-            compute_entropy=True,
-        )
+        return sgrpo_loss(h, w, targets, adv, mask, cfg, bias=b, temperature=temperature, **inputs(tw, counts),
+                          group_size=G, compute_entropy=True)  # fmt: skip
 
     def naive(h, w, b, cfg, tw, counts, temperature):
         logp, ent = reference.linear_logprobs(h, w, targets, bias=b, temperature=temperature)
-        return rl.policy_loss(
-            logp,
-            adv,
-            mask,
-            cfg,
-            entropy=ent,
-            old_logp=old,
-            ref_logp=ref,
-            token_weights=tw,
-            conflict_counts=counts,
-            rewards=rewards,
-            group_size=G,
-            vocab_size=V,
-        )
+        return rl.policy_loss(logp, adv, mask, cfg, entropy=ent, **inputs(tw, counts), group_size=G, vocab_size=V)
 
     lf, mf, *gf = run_path(fused, cfg, hidden, weight, bias, targets, mask, adv, old, ref, tw, counts, temperature)
     ln, mn, *gn = run_path(naive, cfg, hidden, weight, bias, targets, mask, adv, old, ref, tw, counts, temperature)
@@ -161,9 +137,7 @@ def test_bad_inputs():
         ),
     ]
     for call, exc, word in cases:
-        with pytest.raises(exc) as info:
-            call()
-        assert word in str(info.value)
+        assert_refused(call, exc, word)
 
 
 def test_integer_01_masks_equal_bool_masks():

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # conftest's tiny run, without periodic checkpoints (a test that wants them says save_every)
 tiny_cfg = functools.partial(conftest.tiny_cfg, save_every=0)
+tiny_argv = conftest.tiny_argv
 
 
 def records(out) -> list[dict]:
@@ -48,30 +49,6 @@ def strip_timing(recs: list[dict]) -> list[dict]:
 
 def saved_state(out) -> dict:
     return torch.load(Path(out) / "checkpoint" / "state.pt", weights_only=True)
-
-
-def cli_args(out, *extra) -> list[str]:
-    return [
-        "--model",
-        "tiny",
-        "--prompts-per-step",
-        "2",
-        "--group-size",
-        "2",
-        "--max-new-tokens",
-        "4",
-        "--eval-problems",
-        "4",
-        "--eval-k",
-        "2",
-        "--probe-size",
-        "2",
-        "--output-dir",
-        str(out),
-        "--progress",
-        "false",
-        *extra,
-    ]
 
 
 class Nth:
@@ -150,9 +127,9 @@ def test_malicious_probe_is_refused_not_executed(tmp_path):
 
 def test_garbage_checkpoint_gives_a_clear_error(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(cli_args(out, "--max-steps", "1")) == 0
+    assert main(tiny_argv(out, "--max-steps", "1")) == 0
     (out / "checkpoint" / "state.pt").write_bytes(b"\x00 not a checkpoint")
-    assert main(cli_args(out, "--max-steps", "2", "--resume")) == 1
+    assert main(tiny_argv(out, "--max-steps", "2", "--resume")) == 1
     err = capsys.readouterr().err
     assert "state.pt is not a valid checkpoint" in err and "Traceback" not in err
 
@@ -312,7 +289,7 @@ def test_signal_checkpoints_and_exits_with_its_code(tmp_path, sig, code):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     script = textwrap.dedent(DRIVER).replace("{sig}", sig)
-    args = cli_args(out, "--max-steps", "3")
+    args = tiny_argv(out, "--max-steps", "3")
     proc = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == code, proc.stderr[-2000:]
     assert saved_state(out)["step"] == 1
@@ -327,7 +304,7 @@ def test_checkpoints_are_periodic_by_default():
 
 def test_failed_final_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
-    args = cli_args(out, "--max-steps", "2", "--save-every", "1")
+    args = tiny_argv(out, "--max-steps", "2", "--save-every", "1")
     with monkeypatch.context() as m:
         m.setattr(
             torch, "save", _fail_nth_state_save(3, lambda: OSError(28, "No space left on device"))
@@ -509,7 +486,7 @@ def test_interrupted_cli_exits_130(tmp_path, monkeypatch):
         step_module, "rollout", Nth(step_module.rollout, 2, interrupt, lambda *a, **k: not k.get("greedy"))
     )
     try:
-        assert main(cli_args(tmp_path / "run", "--max-steps", "3")) == 130
+        assert main(tiny_argv(tmp_path / "run", "--max-steps", "3")) == 130
     except KeyboardInterrupt:
         pytest.fail("a KeyboardInterrupt escaped main()")
 

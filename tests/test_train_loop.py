@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import tiny_cfg  # noqa: E402
+from conftest import tiny_argv, tiny_cfg  # noqa: E402
 
 import train.loop as loop  # noqa: E402
 import train.step as step_module  # noqa: E402
@@ -230,35 +230,7 @@ def test_cli_explicit_flag_equal_to_default_beats_the_run_preset():
 
 def test_cli_runs_and_plots(tmp_path):
     out = tmp_path / "cli"
-    assert (
-        main(
-            [
-                "--model",
-                "tiny",
-                "--max-steps",
-                "2",
-                "--prompts-per-step",
-                "2",
-                "--group-size",
-                "2",
-                "--max-new-tokens",
-                "4",
-                "--eval-problems",
-                "4",
-                "--eval-k",
-                "2",
-                "--probe-size",
-                "2",
-                "--output-dir",
-                str(out),
-                "--progress",
-                "false",
-                "--preset",
-                "gtpo",
-            ]
-        )
-        == 0
-    )
+    assert main(tiny_argv(out, "--max-steps", "2", "--preset", "gtpo")) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
     from train.plot import main as plot_main
 

@@ -10,30 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from train import tasks
 from train.rewards import correctness_reward
-from train.tasks import (
-    ProceduralTask,
-    TaskSpec,
-    check_template,
-    data_tasks,
-    get_task_spec,
-    make_task,
-    register_task,
-    task_names,
-    task_specs,
-    unregister_task,
-)
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN = ("arithmetic", "wordproblems", "gsm8k", "math", "humaneval")
 UNKNOWN = "task='nope': expected 'arithmetic', 'wordproblems', 'gsm8k', 'math' or 'humaneval'"
 
 
-class DigitSumTask(ProceduralTask):
+class DigitSumTask(tasks.ProceduralTask):
     """A toy procedural task: the sum of a number's digits. Hash-split like the built-in procedural tasks."""
 
     def __init__(self, prompt_template: str = "The sum of the digits of {question} is", heldout_frac: float = 0.2):
-        self.template = check_template(prompt_template)
+        self.template = tasks.check_template(prompt_template)
         self.heldout_frac = heldout_frac
 
     def _generate(self, rng: random.Random) -> tuple[str, int]:
@@ -46,7 +35,7 @@ def digitsum():
     """Registers the toy task as 'digitsum' for one test and always unregisters it, so no other test sees it."""
     calls: list[dict] = []
 
-    @register_task("digitsum", help="toy: the sum of the digits of a 3-digit number")
+    @tasks.register_task("digitsum", help="toy: the sum of the digits of a 3-digit number")
     def make_digitsum(**options) -> DigitSumTask:
         calls.append(options)
         return DigitSumTask(
@@ -56,30 +45,30 @@ def digitsum():
     try:
         yield calls
     finally:
-        if "digitsum" in task_names():
-            unregister_task("digitsum")
+        if "digitsum" in tasks.task_names():
+            tasks.unregister_task("digitsum")
 
 
 def test_builtin_tasks_in_cli_order():
-    assert task_names() == BUILTIN
-    assert data_tasks() == ("gsm8k", "math")
-    specs = task_specs()
-    assert [s.name for s in specs] == list(BUILTIN) and all(isinstance(s, TaskSpec) for s in specs)
+    assert tasks.task_names() == BUILTIN
+    assert tasks.data_tasks() == ("gsm8k", "math")
+    specs = tasks.task_specs()
+    assert [s.name for s in specs] == list(BUILTIN) and all(isinstance(s, tasks.TaskSpec) for s in specs)
     assert all(s.help.strip() and "\n" not in s.help for s in specs)  # one line each, for the --task help
-    assert get_task_spec("gsm8k").reads_data_path and not get_task_spec("arithmetic").reads_data_path
+    assert tasks.get_task_spec("gsm8k").reads_data_path and not tasks.get_task_spec("arithmetic").reads_data_path
 
 
 def test_registry_agrees_with_the_cli_config():
     config = pytest.importorskip("train.config")
-    assert tuple(config.TASKS) == task_names()
-    assert tuple(config.DATA_TASKS) == data_tasks()
+    assert tuple(config.TASKS) == tasks.task_names()
+    assert tuple(config.DATA_TASKS) == tasks.data_tasks()
 
 
 def test_registered_task_is_built_and_listed(digitsum):
-    assert task_names() == (*BUILTIN, "digitsum")  # appended after the built-in tasks
-    assert get_task_spec("digitsum").help == "toy: the sum of the digits of a 3-digit number"
-    assert "digitsum" not in data_tasks()
-    task = make_task("digitsum", heldout_frac=0.3, seed=7)
+    assert tasks.task_names() == (*BUILTIN, "digitsum")  # appended after the built-in tasks
+    assert tasks.get_task_spec("digitsum").help == "toy: the sum of the digits of a 3-digit number"
+    assert "digitsum" not in tasks.data_tasks()
+    task = tasks.make_task("digitsum", heldout_frac=0.3, seed=7)
     assert isinstance(task, DigitSumTask)
     assert digitsum == [  # the factory gets every option, the defaults included
         {"difficulty": "1-3", "data_path": None, "prompt_template": None, "heldout_frac": 0.3, "seed": 7}
@@ -90,45 +79,47 @@ def test_registered_task_is_built_and_listed(digitsum):
     assert correctness_reward(f"The answer is {drawn[0].answer}", drawn[0].answer) == 1.0
     held = {p.question for p in task.heldout(20, seed=0)}
     assert held and not held & {p.question for p in task.sample(500, random.Random(1))}
-    assert make_task("digitsum", prompt_template="{question}?").sample(1, random.Random(0))[0].prompt.endswith("?")
+    assert (
+        tasks.make_task("digitsum", prompt_template="{question}?").sample(1, random.Random(0))[0].prompt.endswith("?")
+    )
 
 
 def test_unregistered_task_is_gone(digitsum):
-    spec = unregister_task("digitsum")
-    assert spec.name == "digitsum" and task_names() == BUILTIN
+    spec = tasks.unregister_task("digitsum")
+    assert spec.name == "digitsum" and tasks.task_names() == BUILTIN
     with pytest.raises(ValueError) as err:
-        make_task("digitsum")
+        tasks.make_task("digitsum")
     assert str(err.value) == UNKNOWN.replace("'nope'", "'digitsum'", 1)
     with pytest.raises(ValueError, match="task='digitsum': expected"):
-        unregister_task("digitsum")
+        tasks.unregister_task("digitsum")
 
 
 def test_duplicate_registration_is_refused(digitsum):
     with pytest.raises(ValueError) as err:
 
-        @register_task("digitsum", help="another digitsum")
+        @tasks.register_task("digitsum", help="another digitsum")
         def make_other(**_):
             raise AssertionError("never registered, never called")
 
     message = str(err.value)
     assert "task 'digitsum' is already registered" in message and "make_digitsum" in message
     assert "unregister_task('digitsum')" in message
-    assert isinstance(make_task("digitsum"), DigitSumTask)  # the first registration stands
+    assert isinstance(tasks.make_task("digitsum"), DigitSumTask)  # the first registration stands
     with pytest.raises(ValueError, match="task 'arithmetic' is already registered"):
-        register_task("arithmetic", help="a second arithmetic")(lambda **_: None)
-    assert task_names() == (*BUILTIN, "digitsum")
+        tasks.register_task("arithmetic", help="a second arithmetic")(lambda **_: None)
+    assert tasks.task_names() == (*BUILTIN, "digitsum")
 
 
 def test_unknown_task_names_the_registered_ones(digitsum):
     with pytest.raises(ValueError) as err:
-        make_task("nope")
+        tasks.make_task("nope")
     assert str(err.value) == UNKNOWN.replace(" or 'humaneval'", ", 'humaneval' or 'digitsum'")
 
 
 def test_unknown_task_message_is_unchanged():
     for name in ("nope", "Arithmetic", ""):
         with pytest.raises(ValueError) as err:
-            make_task(name)
+            tasks.make_task(name)
         assert str(err.value) == UNKNOWN.replace("'nope'", repr(name), 1)
 
 
@@ -144,8 +135,8 @@ def test_unknown_task_message_is_unchanged():
 )
 def test_malformed_registration_is_refused(name, help, match):
     with pytest.raises(ValueError, match=match):
-        register_task(name, help=help)
-    assert task_names() == BUILTIN
+        tasks.register_task(name, help=help)
+    assert tasks.task_names() == BUILTIN
 
 
 def test_the_package_is_torch_free():
