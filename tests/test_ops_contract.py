@@ -66,6 +66,13 @@ def test_opcheck_logits(dev_backend, return_entropy):
     torch.library.opcheck(torch.ops.sgrpo.logprobs_from_logits_bwd.default, bwd_args)
 
 
+def _compile_inputs(device):
+    """(hidden, weight, targets, bias, logits) of the compile tests, with dynamo's caches cleared."""
+    torch._dynamo.reset()
+    h, w, t, b = (x.detach().to(device) if x is not None else None for x in _inputs(N=10, V=41))
+    return h, w, t, b, torch.randn(10, 41, device=device)
+
+
 def assert_compiled_matches_eager(f, inputs) -> None:
     """`f` compiled with fullgraph gives the eager loss and gradients for every input."""
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
@@ -81,10 +88,8 @@ def assert_compiled_matches_eager(f, inputs) -> None:
 
 
 def test_torch_compile_fullgraph(dev_backend):
-    device, backend = dev_backend
-    torch._dynamo.reset()
-    h, w, t, b = (x.detach().to(device) if x is not None else None for x in _inputs(N=10, V=41))
-    z = torch.randn(10, 41, device=device)
+    backend = dev_backend[1]
+    h, w, t, b, z = _compile_inputs(dev_backend[0])
 
     def f(h, w, b, z):
         lp, ent = sk.linear_logprobs(h, w, t, bias=b, temperature=0.9, backend=backend)
@@ -96,10 +101,8 @@ def test_torch_compile_fullgraph(dev_backend):
 
 def test_torch_compile_fullgraph_named_results(dev_backend):
     """The NamedTuple results by field name under fullgraph, max_logprob and the head options included."""
-    device, backend = dev_backend
-    torch._dynamo.reset()
-    h, w, t, b = (x.detach().to(device) if x is not None else None for x in _inputs(N=10, V=41))
-    z = torch.randn(10, 41, device=device)
+    backend = dev_backend[1]
+    h, w, t, b, z = _compile_inputs(dev_backend[0])
 
     def f(h, w, b, z):
         out = sk.linear_logprobs(h, w, t, bias=b, temperature=0.9, logit_scale=0.5, softcap=3.0, backend=backend,

@@ -90,10 +90,10 @@ def _require(cond: bool, file: Path, what: str, problem: str) -> None:
 
 def save_checkpoint(
     directory: Path,
-    *,
     model,
     optimizer,
     scheduler,
+    *,
     step: int,
     rngs: dict,
     loop: dict,

@@ -82,9 +82,9 @@ def save(cfg, run, state: LoopState, log: MetricsLog) -> None:
     if run.dist.is_main:
         save_checkpoint(
             run.ckpt_dir,
-            model=run.model,
-            optimizer=run.optimizer,
-            scheduler=run.scheduler,
+            run.model,
+            run.optimizer,
+            run.scheduler,
             step=state.step,
             rngs=state.rngs,
             loop=loop,
