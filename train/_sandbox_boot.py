@@ -1,310 +1,238 @@
-"""The sandbox's bootstrap, run as `python -I -S -B _sandbox_boot.py ARGS` by `train.sandbox` (read its docstring).
+"""The sandbox's bootstrap, run by `train.sandbox` (read its docstring) as `python -S -s -B -c LAUNCH DIR CONFIG`:
+imported from DIR, where the trainer keeps this module and its two helpers compiled once (`main(CONFIG)`); or, where
+that cannot be, as the script `python -S -s -B _sandbox_boot.py CONFIG`.
 
-A fresh single-threaded interpreter, in its own session, with an empty environment: it isolates what the OS lets it
-(network and mount namespaces, read-only mounts, a private /tmp), forks the program with resource limits and (as
-root) an unprivileged uid of its own, enforces the wall-clock deadline, kills and reaps every descendant, and reports
-one line on the private status pipe. Standard library only, and only the cheap modules: it starts once per program.
+A fresh single-threaded interpreter, in its own session, with an almost empty environment (PYTHONHASHSEED=0, for the
+same str hashes every time, and PYTHONSAFEPATH=1). Three generations of processes:
 
-ARGS: program_path status_fd timeout_s cpu_s memory_mb file_mb tmp_mb processes open_files
-Status line: "<status> <exit_code or -> <net 0/1> <fs 0/1> <uid or -> <detail>", status one of passed / failed /
-timeout / error (the program could not be started: its exit status 126); exit_code -N means killed by signal N.
+- this one, the outer: dies with the trainer (PR_SET_PDEATHSIG), takes new network, IPC, mount and PID namespaces
+  (each where the OS allows: as root), bounds SysV IPC in its namespace, and forks
+- the supervisor: PID 1 of the new PID namespace, dying with the outer (PR_SET_PDEATHSIG; when it dies, the kernel
+  kills every process of the namespace, whatever uid they took); it builds the private file system
+  (train/_sandbox_os.py), forks the children below, enforces the deadline, kills and reaps everything, and writes the
+  status line on the private status pipe (the children do not hold it);
+- the children: for `run_python`, the program; for `run_check`, the candidate (the untrusted program, then
+  `sandbox_harness.serve`) and the checker (the trusted test, `sandbox_harness.run_checker`), each with resource
+  limits and, as root, a uid of its own: UID_BASE + the outer's pid for the program or candidate, and that +
+  CHECKER_UID_OFFSET for the checker.
+
+CONFIG: JSON {"program": path, "check": path or null (JSON {"setup", "test", "entry_point"}, deleted once read),
+"status_fd": int, "limits": {timeout_s, cpu_s, memory_mb, file_mb, tmp_mb, processes, open_files}, "hide": [paths]}.
+Status line: JSON {"status": passed / failed / timeout / error, "exit_code": int or null, "network", "filesystem",
+"ipc", "contained": bool, "uid": int or null, "detail": str}. Standard library only, and only the cheap modules: it
+starts once per program.
 """
 
-import ctypes
 import os
-import resource
 import select
-import signal
 import sys
 import time
 
-CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-MNT_DETACH = 2
-# statvfs f_flag bit -> mount flag: a bind remount must keep the flags a mount is locked with (else EPERM)
-KEEP_FLAGS = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: MS_NOATIME, 2048: MS_NODIRATIME, 4096: MS_RELATIME}
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
-UID_BASE = 2_000_000_000  # the program's uid/gid: UID_BASE + this bootstrap's pid (owned by no account)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)  # the helper modules next to this file, imported by name (this is not the train package)
+import _sandbox_os as sos  # noqa: E402
+import sandbox_harness as harness  # noqa: E402
+
+sys.path[:] = [p for p in sys.path if p not in (_HERE, "")]
+
+UID_BASE = 2_000_000_000  # the program's uid/gid: UID_BASE + the outer's pid (owned by no account)
+CHECKER_UID_OFFSET = 1 << 22  # the checker's: beyond any pid (PID_MAX_LIMIT), so no sandbox's uids collide
 WORKDIR = "/tmp/sandbox"  # inside the private /tmp
-
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _unshare(flag: int) -> bool:
-    return libc.unshare(flag) == 0
+CANDIDATE_NAME = "candidate"  # a check's program is not __main__: its `if __name__ == "__main__"` block does not run
 
 
-def _mount(source, target: str, fstype, flags: int, data) -> bool:
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    return libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) == 0
+def _execute(source: str, filename: str, namespace: dict) -> None:
+    """Run `source` in `namespace`: the program (in its confined child) or the dataset's test (in the checker)."""
+    exec(compile(source, filename, "exec"), namespace)
 
 
-def _mount_points() -> list[str]:
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4]
-            for esc, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-                point = point.replace(esc, ch)
-            points.append(point)
-    return points
-
-
-def _private_filesystem(tmp_mb: int) -> bool:
-    """In a new mount namespace: a fresh tmpfs of `tmp_mb` MiB on /tmp, the standard library reachable by any uid
-    (`_expose`), every other mount read-only (only in this namespace). True when all of it worked; False when the OS
-    refuses (then nothing that matters changed: a failed namespace is as if none was asked for)."""
-    if not _unshare(CLONE_NEWNS):
-        return False
-    if not _mount(None, "/", None, MS_REC | MS_PRIVATE, None):  # nothing done here propagates to the host
-        return False
-    if not _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,nr_inodes=4096,mode=1777"):
-        return False
-    if not _expose(os.path.dirname(os.__file__)):
-        return False
-    root_ro = False
-    for point in _mount_points():
-        if point == "/tmp":
-            continue
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
         try:
-            vfs = os.statvfs(point)
-        except OSError:  # over-mounted or gone
-            continue
-        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
-        flags |= sum(ms for st, ms in KEEP_FLAGS.items() if vfs.f_flag & st)
-        ok = _mount(None, point, None, flags, None)
-        root_ro = root_ro or (point == "/" and ok)
-    return root_ro
+            stream.flush()
+        except Exception:  # noqa: BLE001 -- the program may have closed or replaced them
+            pass
 
 
-def _expose(stdlib: str) -> bool:
-    """Make `stdlib` readable by an unprivileged uid when an ancestor is not (a pyenv Python under /root, mode 0700):
-    a tmpfs over that ancestor (which also hides the rest of it, e.g. root's home) with `stdlib` bind-mounted back at
-    its own path. True when `stdlib` is reachable (or already was)."""
-    parts = stdlib.strip("/").split("/")
-    ancestors = ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
-    blocked = next((a for a in ancestors if not os.stat(a).st_mode & 0o001), None)  # no search permission for others
-    if blocked is None:
-        return True
-    stage = "/tmp/.stdlib"
-    os.mkdir(stage)
-    if not _mount(stdlib, stage, None, MS_BIND | MS_REC, None):
-        return False
-    if not _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=1024,mode=755"):
-        return False
-    os.makedirs(stdlib, mode=0o755)
-    ok = _mount(stage, stdlib, None, MS_BIND | MS_REC, None)
-    libc.umount2(stage.encode(), MNT_DETACH)
-    os.rmdir(stage)
-    return ok
-
-
-def _uid_mapped(uid: int) -> bool:
-    """Whether `uid` exists in this user namespace (a container may map only a few uids)."""
-    try:
-        with open("/proc/self/uid_map") as f:
-            rows = [[int(x) for x in line.split()] for line in f if line.strip()]
-    except OSError:
-        return False
-    return any(inside <= uid < inside + count for inside, _, count in rows)
-
-
-def _tasks_of_uid(uid: int) -> int:
-    """Processes + threads of the real uid `uid` (what RLIMIT_NPROC counts)."""
-    n = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            if int(fields["Uid"].split()[0]) == uid:
-                n += int(fields["Threads"])
-        except (OSError, KeyError, ValueError):
-            continue
-    return n
-
-
-def _children() -> list[int]:
-    me, out = os.getpid(), []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:  # ppid: the 2nd field after "(comm)"
-            out.append(int(pid))
-    return out
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` at once: a helper that becomes `uid` and calls kill(-1) until none is left."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            # a few rounds, not "until none": killed processes stay signalable zombies until they are reaped
-            for _ in range(20):
-                os.kill(-1, signal.SIGKILL)  # every process this uid may signal: its own (never itself)
-        except ProcessLookupError:
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-        os._exit(1)
-    os.waitpid(pid, 0)
-
-
-def _kill_descendants(uid: int | None, limit_s: float = 10.0) -> bool:
-    """Kill and reap the program and everything it started. As a child subreaper this process inherits every orphaned
-    descendant (setsid() does not escape that), so 'kill my children, reap, repeat' ends with none left. True when
-    none is left."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if uid is not None:
-            _kill_uid(uid)
-        for pid in _children():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] != 0:
-                pass
-        except ChildProcessError:
-            return True
-        time.sleep(0.002)
-    return False
-
-
-def _wait(pid: int, timeout_s: float) -> int | None:
-    """The program's wait status, or None when it is still running after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return status
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            if fd is not None:
-                select.select([fd], [], [], left)
-            else:
-                time.sleep(min(left, 0.005))
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _run_program(path: str, status_fd: int, limits: dict, uid) -> None:
-    """The forked program: limits, the uid drop, then the program itself in this interpreter (a second interpreter
-    start would double the cost per program). Never returns."""
+def _run_program(path: str, source: str, limits: dict, uid, workdir: str) -> None:
+    """The forked program of `run_python`: confined, then run in this interpreter (a second interpreter start would
+    double the cost per program) as __main__. Never returns."""
     _exit = os._exit  # bound before the program runs: it shares this interpreter's `os` and may replace os._exit
-    try:
-        os.close(status_fd)  # the program cannot forge the verdict
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the bootstrap
-        mb = 1024 * 1024
-        nproc = limits["processes"] + (0 if uid is not None else _tasks_of_uid(os.getuid()))
-        for res, value, hard in (
-            (resource.RLIMIT_CORE, 0, 0),
-            (resource.RLIMIT_CPU, limits["cpu_s"], limits["cpu_s"] + 1),  # SIGXCPU, then SIGKILL a second later
-            (resource.RLIMIT_AS, limits["memory_mb"] * mb, None),
-            (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, None),
-            (resource.RLIMIT_NOFILE, limits["open_files"], None),
-            (resource.RLIMIT_NPROC, nproc, None),
-        ):
-            cur_hard = resource.getrlimit(res)[1]
-            hard = value if hard is None else hard
-            if cur_hard != resource.RLIM_INFINITY:
-                value, hard = min(value, cur_hard), min(hard, cur_hard)
-            resource.setrlimit(res, (value, hard))
-        with open(path) as f:
-            source = f.read()
-        workdir = os.path.dirname(path)
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        os.chdir(workdir)
-        os.environ.clear()
-        os.environ.update(HOME=workdir, TMPDIR=workdir)
-        sys.argv = [path]
-    except BaseException as exc:
-        os.write(2, f"sandbox: could not start the program: {exc!r}\n".encode())
-        _exit(126)
+    sos.confine(limits, uid, [], workdir, path)
     code = 1
     try:  # the forked child never returns into main(): whatever happens ends in os._exit
         try:
-            namespace = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
-            exec(compile(source, path, "exec"), namespace)
+            _execute(source, path, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if not isinstance(exc.code, int | None):
                 print(exc.code, file=sys.stderr)
         except BaseException:
-            import traceback
-
-            exc_type, exc, tb = sys.exc_info()
-            traceback.print_exception(exc_type, exc, tb.tb_next)  # from the program's first frame (not this exec)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+            _traceback()
+        _flush()
     finally:
         _exit(code & 0xFF)
 
 
-def main(argv: list[str]) -> None:
-    path, status_fd = argv[0], int(argv[1])
-    timeout_s = float(argv[2])
-    names = ("cpu_s", "memory_mb", "file_mb", "tmp_mb", "processes", "open_files")
-    limits = dict(zip(names, (int(x) for x in argv[3:])))
-    parent = os.getppid()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the trainer died: so does the sandbox
-    if os.getppid() != parent:
-        os._exit(1)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    with open(path) as f:
-        source = f.read()
-    net = _unshare(CLONE_NEWNET)
-    fs = _private_filesystem(limits["tmp_mb"])
-    uid = UID_BASE + os.getpid() if os.geteuid() == 0 and _uid_mapped(UID_BASE + os.getpid()) else None
+def _traceback() -> None:
+    import traceback
+
+    exc_type, exc, tb = sys.exc_info()
+    while tb is not None and tb.tb_frame.f_code.co_filename == _traceback.__code__.co_filename:
+        tb = tb.tb_next  # from the program's first frame (not the bootstrap's)
+    traceback.print_exception(exc_type, exc, tb)
+
+
+def _run_candidate(path: str, source: str, entry_point: str, limits: dict, uid, workdir: str, fds: list) -> None:
+    """The candidate of `run_check` (untrusted): its program, then it answers the checker's calls. Never returns."""
+    _exit = os._exit
+    sos.confine(limits, uid, fds, workdir, path)
+    try:
+        channel = harness.Channel(3, 4)
+        namespace = {"__name__": CANDIDATE_NAME, "__file__": path, "__builtins__": __builtins__}
+        try:
+            _execute(source, path, namespace)
+        except BaseException as exc:  # noqa: B036 -- SystemExit included: a program that exits is not ready
+            _traceback()
+            channel.send({"ready": False, "error": f"the program raised {type(exc).__name__}"})
+        else:
+            harness.serve(namespace, entry_point, channel)
+        _flush()
+    finally:
+        _exit(0)  # its exit status means nothing: only the checker's verdict does
+
+
+def _run_checker(check: dict, limits: dict, uid, fds: list) -> None:
+    """The checker of `run_check` (trusted code, untrusted data): the test against the candidate; the verdict on
+    its fd 5. Never returns."""
+    _exit = os._exit
+    sos.confine(limits, uid, fds, "/", None)  # no working directory: the candidate's is its own
+    sos.not_dumpable()  # not ptrace-able nor readable through /proc, even by a process of its own uid
+    try:
+        channel = harness.Channel(3, 4)
+        verdict = harness.run_checker(check["setup"], check["test"], check["entry_point"], _execute, channel)
+        os.write(5, (harness.dumps(verdict) + "\n").encode())
+    finally:
+        _exit(0)
+
+
+def _read_verdict(fd: int, deadline: float) -> dict | None:
+    """The checker's verdict line, or None when it ended without one or the deadline passed first."""
+    data = b""
+    while b"\n" not in data and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    if b"\n" not in data:
+        return None
+    return harness.loads(data.split(b"\n", 1)[0].decode("ascii"))
+
+
+def _check(program_path: str, program: str, check: dict, limits: dict, uids: list, workdir: str) -> tuple:
+    """Run the candidate and the checker; -> (status, detail) from the checker's verdict."""
+    calls_r, calls_w = os.pipe()
+    results_r, results_w = os.pipe()
+    entry = check["entry_point"]
+    deadline = time.monotonic() + limits["timeout_s"]
+    if os.fork() == 0:
+        _run_candidate(program_path, program, entry, limits, uids[0], workdir, [calls_r, results_w])
+    verdict_r, verdict_w = os.pipe()
+    checker = os.fork()
+    if checker == 0:
+        _run_checker(check, limits, uids[1], [results_r, calls_w, verdict_w])
+    for fd in (calls_r, calls_w, results_r, results_w, verdict_w):
+        os.close(fd)
+    verdict = _read_verdict(verdict_r, deadline)
+    os.close(verdict_r)
+    if verdict is not None:
+        return verdict["verdict"], verdict["detail"]
+    if time.monotonic() >= deadline:
+        return "timeout", "no verdict before the deadline"
+    status = sos.wait(checker, 1.0)
+    code = None if status is None else os.waitstatus_to_exitcode(status)
+    if code == 126:
+        return "error", "the checker could not be started (the output says why)"
+    return "failed", f"the checker ended without a verdict (exit status {code})"
+
+
+def _run(program_path: str, program: str, limits: dict, uid, workdir: str) -> tuple:
+    """Run the program of `run_python`; -> (status, exit code or None) from its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        _run_program(program_path, program, limits, uid, workdir)
+    status = sos.wait(pid, limits["timeout_s"])
+    if status is None:
+        return "timeout", None
+    code = os.waitstatus_to_exitcode(status)
+    return ("passed" if code == 0 else "error" if code == 126 else "failed"), code
+
+
+def _supervise(cfg: dict, program: str, check, iso: dict, uids: list, alive_fd: int) -> None:
+    """PID 1 of the sandbox's PID namespace (or, where there is none, a subreaper): see the module docstring."""
+    sos.die_with_parent(alive_fd)
+    iso["contained"] = iso["contained"] and os.getpid() == 1
+    limits, path = cfg["limits"], cfg["program"]
+    fs = iso.pop("mount") and sos.private_filesystem(limits["tmp_mb"], cfg["hide"])
+    if fs and iso["contained"]:
+        sos.fresh_proc()  # only this namespace's processes, each visible to its own uid only
     if fs:  # the host directory is hidden under the private /tmp: the program is copied into it
         os.mkdir(WORKDIR, 0o700)
         path = os.path.join(WORKDIR, os.path.basename(path))
-        with open(path, "w") as f:
-            f.write(source)
-    if uid is not None:
-        os.chown(os.path.dirname(path), uid, uid)
-        os.chmod(os.path.dirname(path), 0o700)
-        _kill_uid(uid)  # a leftover of an earlier sandbox that had this pid (its bootstrap was killed)
-    start = time.monotonic()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(program)
+    workdir = os.path.dirname(path)
+    if uids[0] is not None:
+        os.chown(workdir, uids[0], uids[0])
+        os.chmod(workdir, 0o700)
+        if not iso["contained"]:
+            for uid in uids:
+                sos.kill_uid(uid)  # a leftover of an earlier sandbox that had this pid (its supervisor was killed)
+    code = None
+    if check is None:
+        verdict, code = _run(path, program, limits, uids[0], workdir)
+        detail = ""
+    else:
+        verdict, detail = _check(path, program, check, limits, uids, workdir)
+    if not sos.kill_all([u for u in uids if u is not None], iso["contained"]):
+        detail = (detail + " (descendants left)").strip()
+    status = {"status": verdict, "exit_code": code, "filesystem": fs, "uid": uids[0]}
+    status.update(iso, detail=detail)
+    os.write(cfg["status_fd"], (harness.dumps(status) + "\n").encode())
+    os._exit(0)
+
+
+def main(config: str) -> None:
+    cfg = harness.loads(config)
+    sos.die_with_parent(None)  # the trainer died: so does the sandbox
+    sos.not_dumpable()
+    with open(cfg["program"], encoding="utf-8") as f:
+        program = f.read()
+    check = None
+    if cfg["check"] is not None:
+        with open(cfg["check"], encoding="utf-8") as f:
+            check = harness.loads(f.read())
+        os.unlink(cfg["check"])  # the test is in this process's memory only: no file of it for the program to read
+    iso = {"network": sos.unshare(sos.CLONE_NEWNET)}
+    iso["ipc"] = sos.unshare(sos.CLONE_NEWIPC) and sos.bound_ipc(cfg["limits"]["memory_mb"])
+    iso["mount"] = sos.unshare(sos.CLONE_NEWNS)
+    iso["contained"] = sos.unshare(sos.CLONE_NEWPID)  # the next fork is PID 1 of a namespace of its own
+    base = UID_BASE + os.getpid()
+    uids = [base, base + CHECKER_UID_OFFSET]
+    if os.geteuid() != 0 or not all(map(sos.uid_mapped, uids)):
+        uids = [None, None]
+    alive_r, alive_w = os.pipe()  # the supervisor sees it close when this process is gone
     pid = os.fork()
     if pid == 0:
-        _run_program(path, status_fd, limits, uid)
-    status = _wait(pid, timeout_s)
-    wall = time.monotonic() - start
-    clean = _kill_descendants(uid)
-    if status is None:
-        verdict, code = "timeout", "-"
-    else:
-        code = os.waitstatus_to_exitcode(status)
-        verdict = "passed" if code == 0 else "error" if code == 126 else "failed"
-    detail = f"{wall:.3f}" + ("" if clean else " descendants-left")
-    line = f"{verdict} {code} {int(net)} {int(fs)} {uid if uid is not None else '-'} {detail}\n"
-    os.write(status_fd, line.encode())
+        os.close(alive_w)
+        _supervise(cfg, program, check, iso, uids, alive_r)
+    os.close(alive_r)
+    os.waitpid(pid, 0)
     os._exit(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1])

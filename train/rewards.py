@@ -3,17 +3,19 @@
 `extract_answer` is deliberately forgiving about *format* ("17", "The answer is 17.", "= 17", "17.0", "\\boxed{17}",
 "1,234") and strict about *value*: the reward is 1 only when the extracted number equals the answer.
 
-Code problems (HumanEval) carry a `CodeTests` as their answer: its reward runs the problem's tests on the completion
-in the sandbox (train/sandbox.py) instead of comparing numbers. `correctness_rewards` scores a batch, the code in
-parallel.
+Code problems (HumanEval) carry a `CodeTests` as their answer: its reward checks the completion's function against the
+problem's tests in the sandbox (`train.sandbox.run_check`: the tests run in a process of their own, the completion's
+code in another, only data passes between them) instead of comparing numbers. `correctness_rewards` scores a
+batch, the code in parallel.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
-from train.sandbox import Limits, run_many, run_python
+from train.sandbox import FunctionCheck, Limits, run_check, run_many
 
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
 # "the answer is 17" -- but not "the answer is 7 * 6 = 42" (an expression, whose result is the last number)
@@ -77,10 +79,10 @@ def answers_match(predicted: str | None, truth: str | int | float) -> bool:
 
 
 def correctness_reward(completion: str, truth: str | int | float) -> float:
-    """1.0 when the extracted answer equals `truth` (for a `CodeTests` truth: when the completion passes its tests in
-    the sandbox), else 0.0."""
+    """1.0 when the extracted answer equals `truth` (for a `CodeTests` truth: when the completion's function passes
+    its tests in the sandbox), else 0.0."""
     if isinstance(truth, CodeTests):
-        return float(run_python(truth.program(completion), truth.limits).passed)
+        return float(run_check(truth.function_check(completion), truth.limits).passed)
     return float(answers_match(extract_answer(completion), truth))
 
 
@@ -97,7 +99,7 @@ def correctness_rewards(
     for i in code:
         by_limits.setdefault(truths[i].limits, []).append(i)
     for limits, idx in by_limits.items():
-        results = run_many([truths[i].program(completions[i]) for i in idx], limits, max_workers)
+        results = run_many([truths[i].function_check(completions[i]) for i in idx], limits, max_workers)
         for i, r in zip(idx, results):
             out[i] = float(r.passed)
     return out
@@ -111,6 +113,19 @@ def code_of(completion: str) -> str:
     else the completion as it is (a plain continuation of the prompt)."""
     block = _FENCE.search(completion)
     return block.group(1) if block else completion
+
+
+@functools.lru_cache(maxsize=4096)
+def _as_module(prompt: str) -> str:
+    """The prompt as the checker runs it: a HumanEval prompt is a complete module already (its last function's body
+    is the docstring); one that stops after a `def` line gets a `pass` body (the stand-in replaces that function)."""
+    for source in (prompt, prompt.rstrip() + "\n    pass\n"):
+        try:
+            compile(source, "<prompt>", "exec")
+            return source
+        except (SyntaxError, ValueError):
+            continue
+    return prompt  # the checker reports that it cannot load it: status "error"
 
 
 class CodeTests(str):
@@ -127,10 +142,19 @@ class CodeTests(str):
     def __reduce__(self):
         return (CodeTests, (str(self), self.prompt, self.test, self.entry_point, self.limits))
 
+    def function_check(self, completion: str) -> FunctionCheck:
+        """What the reward runs: the candidate's program is the prompt + the completion's code (`code_of`: a fenced
+        block when there is one; a reply that restates the whole function works too: its `def` replaces the
+        prompt's); the trusted checker runs the prompt (its helper functions, which some tests call, are the
+        data set's, whatever the completion redefines) and the test, and calls `check` with a stand-in for
+        `entry_point`."""
+        program = self.prompt + code_of(completion)
+        return FunctionCheck(program, self.test, self.entry_point, setup=_as_module(self.prompt))
+
     def program(self, completion: str) -> str:
-        """The program HumanEval runs: prompt + completion + "\n" + test + "\n" + f"check({entry_point})", with the
-        completion's code (`code_of`: a fenced block when there is one). A reply that restates the whole function
-        works too: its `def` replaces the prompt's."""
+        """HumanEval's whole program: prompt + completion + "\n" + test + "\n" + f"check({entry_point})", with the
+        completion's code as in `function_check`. For reading and debugging only: run as one program, the
+        completion could forge its verdict (its exit status); the reward uses `function_check`."""
         return self.prompt + code_of(completion) + "\n" + self.test + "\n" + f"check({self.entry_point})"
 
 

@@ -1,83 +1,129 @@
-"""Running untrusted Python (model-written code) safely: one process per program, resource limits, a wall-clock
-deadline, no network, no secrets, no writes to the host, nothing left running afterwards.
+"""Running untrusted Python (model-written code) safely, and checking a model-written function against trusted tests
+with a verdict it cannot forge: one sandbox per program, resource limits, a wall-clock deadline, no network, no
+secrets, no writes to the host, nothing left running afterwards -- not even when the trainer is SIGKILLed.
 
-`run_python(source, limits)` -> `SandboxResult`; `run_many(sources, limits, max_workers)` runs several in a bounded
-thread pool (each thread waits on its own subprocess). `isolation()` says what this machine allows.
+`run_check(FunctionCheck(program, test, entry_point, setup), limits)` -> `SandboxResult`: what a reward uses.
+`run_python(source, limits)` -> `SandboxResult`: runs a program; its status is the program's exit status, which the
+program controls (sys.exit(0), os._exit(0), ...): fine for running code, never a verdict on it. `run_many(jobs,
+limits, max_workers)` runs several of either in a bounded thread pool; `isolation()` says what this machine allows.
+
+What is trusted
+---------------
+Trusted: the trainer, the sandbox's own code, and the data set: a check's `test` (HumanEval's `check(candidate)`)
+and `setup` (HumanEval's prompt, whose helper functions some tests call: the data set's, whatever the completion
+redefines). Untrusted: the `program` (the prompt plus the model's completion) and everything it does. The two never
+share a process: the test runs in a checker process of its own and calls a stand-in for the function; each call
+goes to the candidate's process as data (JSON), the candidate calls its function on fresh copies of the arguments,
+and only data comes back -- the value, and the new contents of arguments the call changed in place, which the
+checker puts into the test's own objects (as in-process; no HumanEval test relies on it) -- decoded into plain
+Python objects (train/sandbox_harness.py; nothing from the sandbox is ever unmarshalled into code or objects of
+its classes). The verdict is the checker's: passed only when `check` returned and every call got a well-formed
+value. Exit statuses, printed text, patched builtins, edited frames or code objects, objects with a forged __eq__,
+exec of another program, a fork whose parent exits 0: none of them reaches the checker. A call that raises, a value
+that cannot be encoded, garbage on the channel, a crash or the deadline fail the check. The checker gets
+`random.seed(0)` and every interpreter PYTHONHASHSEED=0: the same completion, the same reward.
 
 How a program runs
 ------------------
-The trainer writes the program into a fresh temporary directory (deleted afterwards) and starts the bootstrap
-`train/_sandbox_boot.py` as `python -I -S -B` (isolated mode, no site-packages), with an empty environment, stdin
-/dev/null, stdout and stderr into one pipe, in a new session (its own process group), without `preexec_fn` (unsafe in
-a threaded parent). The bootstrap, a fresh single-threaded interpreter still running as the trainer's user:
+The trainer writes the program (and a check's test, which the bootstrap deletes once read) into a fresh temporary
+directory (deleted afterwards) and starts the bootstrap `train/_sandbox_boot.py` (imported from a private directory
+where the trainer compiled it and its helpers once) in `python -S -s -B` (no site-packages) with only PYTHONHASHSEED
+and PYTHONSAFEPATH in its environment, stdin /dev/null, stdout and stderr into one pipe, in a new session, without
+`preexec_fn` (unsafe in a threaded parent). That process (the outer):
 
-1. dies with the trainer (PR_SET_PDEATHSIG) and becomes a child subreaper: every orphaned descendant of the program,
-   even one that left the process group with setsid(), is re-parented to it;
-2. unshares the network namespace (CLONE_NEWNET: a loopback interface that is down, no route anywhere) and the mount
-   namespace (CLONE_NEWNS), in which it remounts every mount read-only and mounts a private tmpfs of `tmp_mb` MiB on
-   /tmp holding the working directory (the host's /tmp, /dev/shm, /var/tmp become unreachable or read-only). Where
-   the OS refuses (not root, no CAP_SYS_ADMIN) it goes on without, and the result says so;
-3. forks the program: core dumps off; limits on CPU time, address space, file size, processes and open files; when
-   the trainer runs as root, setgroups([]), setgid and setuid to a uid/gid of its own, UID_BASE + the bootstrap's pid
-   (2,000,000,000 + pid: owned by no account, and unique among running sandboxes, so sandboxes cannot signal each
-   other and RLIMIT_NPROC counts one program's processes only); cwd, HOME and TMPDIR the working directory; the
-   program then runs in that (already started) interpreter as `__main__`;
-4. waits until the deadline, then SIGKILLs the program and every remaining descendant (processes of the sandbox uid
-   with kill(-1) from that uid, and its own children, repeatedly, until none is left and all are reaped), and writes
-   the verdict to a private pipe that the program does not hold (it cannot forge it).
+1. dies with the trainer (PR_SET_PDEATHSIG) and unshares the network namespace (a loopback interface that is down,
+   no route anywhere), the IPC namespace (SysV shared memory at most `memory_mb` MiB in all, few message queues and
+   semaphores, all gone with the sandbox), the mount namespace and the PID namespace; where the OS refuses (not
+   root, no CAP_SYS_ADMIN) it goes on without, and the result says so;
+2. forks the supervisor, PID 1 of the new PID namespace, which dies with the outer (PR_SET_PDEATHSIG): when it dies,
+   the kernel SIGKILLs every process of the namespace, whatever uid it took, setsid() or not. SIGKILL of the trainer
+   therefore ends the whole sandbox. The supervisor remounts every mount read-only, mounts a private tmpfs of
+   `tmp_mb` MiB on /tmp holding the working directory, empty read-only directories over site-packages (installed
+   data sets, HumanEval's among them, cannot be read for answers) and a /proc of the namespace that shows each
+   process only those of its own uid;
+3. forks the children, with core dumps off; limits on CPU time, address space, file size, processes and open files;
+   only their own pipes open; no new privileges (PR_SET_NO_NEW_PRIVS: a setuid program gains nothing); when the
+   trainer runs as root, setgroups([]), setgid and setuid to a uid/gid of its own (owned by no account, unique among
+   running sandboxes): UID_BASE + the outer's pid for the program or candidate, that + CHECKER_UID_OFFSET for the
+   checker (which is also non-dumpable), so the candidate can neither signal, trace nor read the checker; cwd, HOME
+   and TMPDIR the working directory. For `run_python` the program runs as
+   `__main__`; for `run_check` the candidate's program runs as a module named "candidate" (its `if __name__ ==
+   "__main__"` block does not run, as in HumanEval's harness) and then answers calls;
+4. waits for the exit status (`run_python`) or the checker's verdict (`run_check`) until the deadline, SIGKILLs
+   every other process of the namespace, reaps them, and writes the status to a private pipe that no child holds.
 
-The trainer reads at most `output_bytes` of output (then closes the pipe: a program that writes more gets EPIPE; a
-program printing gigabytes fills neither memory nor disk), waits for the bootstrap with a backstop deadline
-(`timeout_s + GRACE_S`; past it, SIGKILL to the bootstrap's process group and to every process of the sandbox uid),
-SIGKILLs whatever is left in the process group, and deletes the temporary directory.
+The trainer reads at most `output_bytes` of output (then closes the pipe: a program that writes more gets EPIPE),
+waits for the outer with a backstop deadline (`timeout_s + GRACE_S`; past it, SIGKILL to the outer's process group
+and to every process of the sandbox uids), and deletes the temporary directory.
 
 What it guarantees (as root with namespaces, as on the machine this was developed on) and what it does not
 ---------------------------------------------------------------------------------------------------------------
+- The verdict of `run_check`: only values the function returns can change it (above). Where the uid drop is not
+  possible (not root), the candidate runs as the trainer's uid: the checker is still non-dumpable (not ptrace-able,
+  its /proc files not readable) and killing it fails the check, but without the mount namespace either the program
+  can write whatever the trainer can -- the sandbox's own code and its compiled copy included -- and so forge the
+  verdicts of later runs: score untrusted code as root (or in a VM) where it matters.
 - Network: none, when CLONE_NEWNET is permitted (`network_isolated`). Where it is not (an unprivileged user; some
   container runtimes), the program has the trainer's network access: the result and `isolation()` say so.
-- Signals: the trainer is never in the program's session or process group, so killpg from the program does not reach
-  it. A process of the same uid could still signal the trainer if it knew its pid; with the uid drop (root only) the
-  program has a uid of its own and every kill() at the trainer, the bootstrap or another sandbox fails with EPERM.
-  Without the uid drop, a program could kill the trainer with os.kill(trainer_pid, SIGKILL).
-- RLIMIT_NPROC counts the processes (and threads) of a real uid, and is not enforced for root (CAP_SYS_ADMIN /
-  CAP_SYS_RESOURCE). With the uid drop it bounds exactly one program's processes (a fork bomb stops at `processes`).
-  Without it, the limit is set to the uid's current count + `processes`: shared with everything else of that user
-  (the trainer's threads, other sandboxes) and ignored when that user is root -- a fork bomb is then bounded by the
-  deadline and the subreaper's cleanup only.
-- Files: with the mount namespace, nothing outside the private /tmp can be written (read-only mounts, whatever the
-  permissions), and /tmp is at most `tmp_mb` MiB of memory, freed when the program ends. Without it, the uid drop
-  leaves the program the world-writable directories (/tmp, /var/tmp, /dev/shm) besides its own; without either, it
-  can write wherever the trainer can. Files readable by everyone stay readable (there is no chroot).
-- Secrets: the program's environment is empty except HOME and TMPDIR; with the uid drop it cannot read
-  /proc/<trainer>/environ either (without it, it can).
-- Memory: RLIMIT_AS per process (`memory_mb`), so at most `processes * memory_mb` for one program; not a cgroup.
-- The process tree: every descendant is killed and reaped when the program ends or at the deadline. If the trainer
-  itself is SIGKILLed, the bootstrap and the program die with it (PR_SET_PDEATHSIG); their own children may then
-  linger until the backstop of a later sandbox with the same uid, or forever.
+- Signals: the trainer is outside the sandbox's PID namespace (no pid of it is visible) and never in its session;
+  with the uid drop every kill() at the trainer, the supervisor, the checker or another sandbox fails as well.
+  Without either, a program could kill the trainer with os.kill(trainer_pid, SIGKILL).
+- RLIMIT_NPROC counts the processes (and threads) of a real uid, and is not enforced for root. With the uid drop it
+  bounds exactly one program's processes (a fork bomb stops at `processes`). Without it, the limit is the uid's
+  current count + `processes`: shared with everything else of that user and ignored for root -- a fork bomb is then
+  bounded by the deadline and the cleanup only.
+- Files: with the mount namespace, nothing outside the private /tmp can be written, and /tmp is at most `tmp_mb` MiB
+  of memory, freed when the sandbox ends. Without it, the uid drop leaves the program the world-writable directories
+  (/tmp, /var/tmp, /dev/shm) besides its own; without either, it can write wherever the trainer can. Files readable
+  by everyone stay readable apart from site-packages (there is no chroot): keep other copies of a data set's tests
+  out of world-readable places.
+- Secrets: the program's environment is empty except HOME and TMPDIR; it cannot read the trainer's /proc entries.
+- Memory: RLIMIT_AS per process (`memory_mb`), so at most `processes * memory_mb` for one program, plus SysV shared
+  memory bounded by `memory_mb` (with the IPC namespace; without it, shared memory escapes the limit and outlives
+  the program). Not a cgroup: a user namespace of the program's own (where the kernel lets unprivileged users create
+  them) can mount a tmpfs that the limits do not count, until the sandbox ends.
+- The process tree: with the PID namespace (`contained`), nothing of the sandbox outlives it or the trainer. Without
+  it, the supervisor is a child subreaper that kills and reaps every descendant at the end; if the trainer is
+  SIGKILLed, the outer, the supervisor and its direct children die with it (PR_SET_PDEATHSIG, set after the uid
+  change) but the program's own children may linger until the cleanup of a later sandbox with the same uid.
+- Why not bubblewrap (`bwrap --unshare-all --die-with-parent`): it would do steps 1-2 as well, but it is a Debian
+  package that CI (PyPI only) does not have, it bounds no SysV IPC, and the uid drop, the checker and the deadline
+  would still be this code's; without it the fallback would be this code anyway. The namespaces here are a few
+  syscalls (ctypes), and every one that the OS refuses is reported (`isolation()`), never silently skipped.
 - Not a security boundary against a determined attacker: one kernel, the trainer's Python and files readable; use a
-  VM or gVisor for that. It is meant to keep buggy or reward-hacking model code from harming a training run.
+  VM or gVisor for that. It is meant to keep buggy or reward-hacking model code from harming a training run or
+  scoring itself.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
-import select
+import py_compile
 import shutil
-import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from train import _sandbox_host as host
+
 BOOT = Path(__file__).with_name("_sandbox_boot.py")
 UID_BASE = 2_000_000_000  # as in _sandbox_boot.py: the program runs as UID_BASE + the bootstrap's pid
+CHECKER_UID_OFFSET = 1 << 22  # as in _sandbox_boot.py: the checker runs as the program's uid + this
 GRACE_S = 10.0  # the bootstrap's own start and cleanup, beyond the program's deadline
 OUTPUT_TAIL = 2000  # characters of output kept in a result
 STATUSES = ("passed", "failed", "timeout", "error")
+_ENV = {"PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1"}
+_MODULES = ("_sandbox_boot", "_sandbox_os", "sandbox_harness")  # what the bootstrap runs, all in this directory
+_LAUNCH = "import sys; sys.path.insert(0, sys.argv[1]); import _sandbox_boot; _sandbox_boot.main(sys.argv[2])"
 
 
 @dataclass(frozen=True)
@@ -86,7 +132,7 @@ class Limits:
 
     timeout_s: float = 5.0  # wall clock from the program's start; then it and its descendants are killed
     cpu_s: int = 5  # RLIMIT_CPU per process (SIGXCPU, SIGKILL a second later)
-    memory_mb: int = 1024  # RLIMIT_AS per process (address space: a MemoryError beyond)
+    memory_mb: int = 1024  # RLIMIT_AS per process (address space: a MemoryError beyond); SysV shm in all
     file_mb: int = 16  # RLIMIT_FSIZE: the largest file a process may write
     tmp_mb: int = 64  # size of the private /tmp holding the working directory (with the mount namespace)
     processes: int = 16  # RLIMIT_NPROC: processes + threads of the sandbox uid (see the module docstring)
@@ -103,16 +149,36 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class FunctionCheck:
+    """A function to check (`run_check`): `program` (untrusted) defines `entry_point`; `test` (trusted) defines
+    `check(candidate)`; `setup` (trusted) runs before `test` in the checker (HumanEval's prompt: its helpers)."""
+
+    program: str
+    test: str
+    entry_point: str
+    setup: str = ""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, str):
+                raise TypeError(f"FunctionCheck.{name}: expected str, got {type(value).__name__}")
+        if not self.entry_point.isidentifier():
+            raise ValueError(f"FunctionCheck.entry_point={self.entry_point!r}: expected a Python identifier")
+
+
+@dataclass(frozen=True)
 class SandboxResult:
-    status: str  # passed (exit 0) / failed (other exit or killed by a limit) / timeout / error (did not run)
+    status: str  # passed / failed / timeout / error (did not run); run_python: passed = exit 0; run_check: the verdict
     wall_s: float  # the whole run, bootstrap included
-    exit_code: int | None  # the program's exit status, -N when killed by signal N; None: timeout or error
+    exit_code: int | None  # run_python: the exit status, -N when killed by signal N; None: timeout, error, run_check
     output: str  # the last OUTPUT_TAIL characters of what was read of stdout + stderr
     truncated: bool  # the program wrote more than Limits.output_bytes (the rest was refused)
     network_isolated: bool  # in a network namespace of its own (no interfaces up)
-    filesystem_isolated: bool  # every mount read-only, a private tmpfs on /tmp
-    uid: int | None  # the uid it ran as when dropped from root; None: the trainer's own uid
-    detail: str = ""  # what went wrong, for status error (and descendants that could not be killed)
+    filesystem_isolated: bool  # every mount read-only, a private tmpfs on /tmp, site-packages hidden
+    uid: int | None  # the uid the program (candidate) ran as when dropped from root; None: the trainer's own uid
+    detail: str = ""  # what went wrong (a check: which call or test line failed); descendants that survived
+    ipc_isolated: bool = False  # in an IPC namespace of its own, with SysV IPC bounded
+    contained: bool = False  # in a PID namespace of its own: nothing of it outlives the sandbox or the trainer
 
     @property
     def passed(self) -> bool:
@@ -121,73 +187,51 @@ class SandboxResult:
 
 def run_python(source: str, limits: Limits | None = None) -> SandboxResult:
     """Run the Python program `source` in the sandbox (module docstring) and wait for it: at most
-    `limits.timeout_s + GRACE_S` seconds."""
-    limits = limits or Limits()
+    `limits.timeout_s + GRACE_S` seconds. Its status is its exit status: not a verdict (use `run_check`)."""
     if not isinstance(source, str):
         raise TypeError(f"source: expected the program as str, got {type(source).__name__}")
-    start = time.monotonic()
-    deadline = start + limits.timeout_s + GRACE_S
-    workdir = tempfile.mkdtemp(prefix="sgrpo-sandbox-")
-    proc, status_r = None, None
-    try:
-        program = os.path.join(workdir, "program.py")
-        with open(program, "w", encoding="utf-8") as f:
-            f.write(source)
-        status_r, status_w = os.pipe()
-        args = [program, status_w, limits.timeout_s, limits.cpu_s, limits.memory_mb, limits.file_mb, limits.tmp_mb]
-        args += [limits.processes, limits.open_files]
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", str(BOOT), *map(str, args)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env={},
-                cwd=workdir,
-                start_new_session=True,
-                pass_fds=(status_w,),
-            )
-        finally:
-            os.close(status_w)
-        output, truncated = _read_output(proc, limits.output_bytes, deadline)
-        in_time = _wait_unreaped(proc.pid, deadline)
-        _kill_group(proc.pid)  # the bootstrap is not reaped yet: its process group id cannot have been reused
-        if not in_time and os.geteuid() == 0:
-            _kill_uid(UID_BASE + proc.pid)
-        proc.wait()
-        line = _read_status(status_r) if in_time else ""
-        tail = output[-4 * OUTPUT_TAIL :].decode("utf-8", errors="replace")[-OUTPUT_TAIL:]
-        return _result(line, in_time, time.monotonic() - start, tail, truncated)
-    finally:
-        if proc is not None and proc.returncode is None:  # an exception on the way: never leave it running
-            _kill_group(proc.pid)
-            proc.kill()
-            proc.wait()
-        if status_r is not None:
-            os.close(status_r)
-        _rmtree(workdir)
+    return _run(source, None, limits or Limits())
 
 
-def run_many(sources: list[str], limits: Limits | None = None, max_workers: int | None = None) -> list[SandboxResult]:
-    """`run_python` of each source, at most `max_workers` at a time (default: min(8, CPU count)); results in order."""
+def run_check(check: FunctionCheck, limits: Limits | None = None) -> SandboxResult:
+    """Check the function `check.entry_point` of `check.program` against `check.test` in the sandbox, the test in a
+    process the program cannot reach (module docstring): passed only when the test passed. At most
+    `limits.timeout_s + GRACE_S` seconds."""
+    if not isinstance(check, FunctionCheck):
+        raise TypeError(f"check: expected a FunctionCheck, got {type(check).__name__}")
+    return _run(check.program, check, limits or Limits())
+
+
+def run_many(
+    sources: list[str | FunctionCheck], limits: Limits | None = None, max_workers: int | None = None
+) -> list[SandboxResult]:
+    """`run_python` of each str, `run_check` of each FunctionCheck, at most `max_workers` at a time (default: min(8,
+    CPU count)); results in order."""
     if max_workers is None:
         max_workers = min(8, os.cpu_count() or 1)
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers={max_workers!r}: expected an integer >= 1")
     if not sources:
         return []
+    one = lambda job: run_check(job, limits) if isinstance(job, FunctionCheck) else run_python(job, limits)  # noqa: E731
     with ThreadPoolExecutor(max_workers=min(max_workers, len(sources)), thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda s: run_python(s, limits), sources))
+        return list(pool.map(one, sources))
 
 
 @functools.cache
 def isolation() -> dict:
-    """What the sandbox gets on this machine: {"network": bool, "filesystem": bool, "uid_drop": bool} (runs one
-    trivial program; cached)."""
+    """What the sandbox gets on this machine: {"network", "filesystem", "uid_drop", "ipc", "contained"}, each a bool
+    (runs one trivial program; cached)."""
     r = run_python("pass")
     if r.status != "passed":
         raise RuntimeError(f"the sandbox cannot run a trivial program here: {r.status}: {r.detail or r.output}")
-    return {"network": r.network_isolated, "filesystem": r.filesystem_isolated, "uid_drop": r.uid is not None}
+    return {
+        "network": r.network_isolated,
+        "filesystem": r.filesystem_isolated,
+        "uid_drop": r.uid is not None,
+        "ipc": r.ipc_isolated,
+        "contained": r.contained,
+    }
 
 
 def describe_isolation() -> str:
@@ -196,132 +240,131 @@ def describe_isolation() -> str:
     yes = lambda flag: "yes" if flag else "NO"  # noqa: E731
     return (
         f"sandbox: network isolated {yes(iso['network'])}, host filesystem read-only {yes(iso['filesystem'])}, "
-        f"own uid {yes(iso['uid_drop'])} (train/sandbox.py says what each means)"
+        f"own uid {yes(iso['uid_drop'])}, IPC isolated {yes(iso['ipc'])}, dies with the trainer "
+        f"{yes(iso['contained'])} (train/sandbox.py says what each means)"
     )
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
 
 
-def _read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[bytes, bool]:
-    """Read stdout + stderr until EOF (every process holding the pipe is gone), `cap` bytes, or the deadline; then
-    close the pipe. -> (bytes read, whether more was written than `cap`)."""
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    chunks, total, truncated = [], 0, False
+@functools.cache
+def _hidden() -> list[str]:
+    """The site-packages directories, hidden from the program (installed data sets: HumanEval's tests)."""
+    paths = {*site.getsitepackages(), site.getusersitepackages()}
+    paths |= {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+def _compiled() -> str | None:
+    """A private directory (removed at exit) holding the bootstrap's modules compiled once per trainer process, or
+    again when something deleted them (a /tmp cleaner): every program start would compile them otherwise (it runs
+    with -B, and bytecode may not be cached at all, e.g. PYTHONDONTWRITEBYTECODE). None where they cannot be
+    written: the bootstrap then runs from source."""
+    path = _compile_bootstrap()
+    if path is not None and not all(os.path.isfile(os.path.join(path, name + ".pyc")) for name in _MODULES):
+        _compile_bootstrap.cache_clear()
+        path = _compile_bootstrap()
+    return path
+
+
+@functools.cache
+def _compile_bootstrap() -> str | None:
     try:
-        while (left := deadline - time.monotonic()) > 0:
-            if not poller.poll(left * 1000):
-                continue
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                break
-            keep = data[: cap - total]
-            chunks.append(keep)
-            total += len(keep)
-            if len(keep) < len(data):
-                truncated = True
-                break
+        path = tempfile.mkdtemp(prefix="sgrpo-bytecode-")
+    except OSError:
+        return None
+    atexit.register(shutil.rmtree, path, True)
+    try:
+        for name in _MODULES:
+            source = str(BOOT.with_name(name + ".py"))
+            cfile = os.path.join(path, name + ".pyc")  # beside, not in __pycache__: imported without its source
+            py_compile.compile(source, cfile, dfile=source, doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        return None
+    return path
+
+
+def _run(source: str, check: FunctionCheck | None, limits: Limits) -> SandboxResult:
+    start = time.monotonic()
+    deadline = start + limits.timeout_s + GRACE_S
+    workdir = tempfile.mkdtemp(prefix="sgrpo-sandbox-")
+    proc, status_r = None, None
+    try:
+        program = os.path.join(workdir, "program.py")
+        with open(program, "w", encoding="utf-8") as f:
+            f.write(source)
+        check_path = None
+        if check is not None:
+            check_path = os.path.join(workdir, "check.json")
+            with open(check_path, "w", encoding="utf-8") as f:
+                json.dump({"setup": check.setup, "test": check.test, "entry_point": check.entry_point}, f)
+        status_r, status_w = os.pipe()
+        limit_args = {k: v for k, v in vars(limits).items() if k != "output_bytes"}
+        cfg = {"program": program, "check": check_path, "status_fd": status_w, "limits": limit_args}
+        cfg["hide"] = _hidden()
+        compiled = _compiled()
+        launch = ["-c", _LAUNCH, compiled] if compiled else [str(BOOT)]
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-s", "-B", *launch, json.dumps(cfg)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=_ENV,
+                cwd=workdir,
+                start_new_session=True,
+                pass_fds=(status_w,),
+            )
+        finally:
+            os.close(status_w)
+        output, truncated = host.read_output(proc, limits.output_bytes, deadline)
+        in_time = host.wait_unreaped(proc.pid, deadline)
+        host.kill_group(proc.pid)  # the outer is not reaped yet: its process group id cannot have been reused
+        if not in_time and os.geteuid() == 0:
+            for uid in (UID_BASE + proc.pid, UID_BASE + CHECKER_UID_OFFSET + proc.pid):
+                host.kill_uid(uid)
+        proc.wait()
+        line = host.read_status(status_r) if in_time else ""
+        tail = output[-4 * OUTPUT_TAIL :].decode("utf-8", errors="replace")[-OUTPUT_TAIL:]
+        return _result(line, in_time, time.monotonic() - start, tail, truncated)
     finally:
-        proc.stdout.close()
-    return b"".join(chunks), truncated
-
-
-def _wait_unreaped(pid: int, deadline: float) -> bool:
-    """Wait (without reaping: the pid and its process group id stay reserved) until `pid` exits or the deadline."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    try:
-        while True:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is not None:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if fd is not None:
-                select.select([fd], [], [], left)
-            else:
-                time.sleep(min(left, 0.01))
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` (the backstop, when the bootstrap could not clean up): a helper process that
-    runs as `uid` and calls kill(-1)."""
-    code = "import os\ntry:\n    [os.kill(-1, 9) for _ in range(20)]\nexcept ProcessLookupError:\n    pass\n"
-    try:
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", code],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
-def _read_status(fd: int) -> str:
-    ready, _, _ = select.select([fd], [], [], 1.0)
-    return os.read(fd, 4096).decode(errors="replace") if ready else ""
+        if proc is not None and proc.returncode is None:  # an exception on the way: never leave it running
+            host.kill_group(proc.pid)
+            proc.kill()
+            proc.wait()
+        if status_r is not None:
+            os.close(status_r)
+        host.rmtree(workdir)
 
 
 def _result(line: str, in_time: bool, wall: float, output: str, truncated: bool) -> SandboxResult:
-    parts = line.split()
-    if len(parts) < 6 or parts[0] not in STATUSES:
+    try:
+        status = json.loads(line)  # written by the supervisor, on a pipe no sandboxed process holds
+        if status["status"] not in STATUSES:
+            raise ValueError(status["status"])
+    except (ValueError, KeyError, TypeError):
         detail = (
             "the sandbox did not finish within timeout_s + GRACE_S (killed)"
             if not in_time
             else "the sandbox's bootstrap failed (its output is in `output`)"
         )
-        status = "timeout" if not in_time else "error"
-        return SandboxResult(status, wall, None, output, truncated, False, False, None, detail)
-    verdict, code, net, fs, uid = parts[:5]
-    detail = " ".join(parts[6:])
-    if verdict == "error":
+        return SandboxResult(
+            "timeout" if not in_time else "error", wall, None, output, truncated, False, False, None, detail
+        )
+    detail = status["detail"]
+    if status["status"] == "error":
         detail = detail or "the program could not be started (its output says why)"
     return SandboxResult(
-        status=verdict,
+        status=status["status"],
         wall_s=wall,
-        exit_code=None if code == "-" or verdict == "error" else int(code),
+        exit_code=None if status["status"] == "error" else status["exit_code"],
         output=output,
         truncated=truncated,
-        network_isolated=net == "1",
-        filesystem_isolated=fs == "1",
-        uid=None if uid == "-" else int(uid),
+        network_isolated=status["network"],
+        filesystem_isolated=status["filesystem"],
+        uid=status["uid"],
         detail=detail,
+        ipc_isolated=status["ipc"],
+        contained=status["contained"],
     )
-
-
-def _rmtree(path: str) -> None:
-    """Delete the working directory, even where the program took its own permissions away (chmod 000)."""
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.exists(path):
-        for root, dirs, _ in os.walk(path):
-            for d in dirs:
-                try:
-                    os.chmod(os.path.join(root, d), 0o700)
-                except OSError:
-                    pass
-        shutil.rmtree(path, ignore_errors=True)

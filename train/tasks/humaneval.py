@@ -33,9 +33,9 @@ def humaneval_path() -> Path:
 
 class HumanEvalTask:
     """OpenAI's HumanEval: 164 Python functions to complete from a signature and docstring. The answer of a problem
-    is a `CodeTests`: the reward of a completion is 1 when HumanEval's program (prompt + completion + test +
-    `check(entry_point)`) exits cleanly in the sandbox (train/sandbox.py, with `limits`), else 0. The problems whose
-    task id hashes into the held-out bucket are held out (about `heldout_frac` of them, the same for every seed)."""
+    is a `CodeTests`: the reward of a completion is 1 when the problem's `check(entry_point)` passes on it, judged
+    outside the completion's process (train/sandbox.py, with `limits`), else 0. The problems whose task id hashes
+    into the held-out bucket are held out (about `heldout_frac` of them, the same for every seed)."""
 
     system_prompt: str | None = None  # the chat template's default
 

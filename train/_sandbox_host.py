@@ -1,0 +1,110 @@
+"""The trainer's side of the sandbox's process plumbing (train/sandbox.py): reading a bounded amount of output,
+waiting for the bootstrap without reaping it, the backstop kills, deleting the working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+
+def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[bytes, bool]:
+    """Read stdout + stderr until EOF (every process holding the pipe is gone), `cap` bytes, or the deadline; then
+    close the pipe. -> (bytes read, whether more was written than `cap`)."""
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    chunks, total, truncated = [], 0, False
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            if not poller.poll(left * 1000):
+                continue
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                break
+            keep = data[: cap - total]
+            chunks.append(keep)
+            total += len(keep)
+            if len(keep) < len(data):
+                truncated = True
+                break
+    finally:
+        proc.stdout.close()
+    return b"".join(chunks), truncated
+
+
+def wait_unreaped(pid: int, deadline: float) -> bool:
+    """Wait (without reaping: the pid and its process group id stay reserved) until `pid` exits or the deadline."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while True:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if fd is not None:
+                select.select([fd], [], [], left)
+            else:
+                time.sleep(min(left, 0.01))
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (the backstop, when the bootstrap could not clean up): a helper process that
+    runs as `uid` and calls kill(-1)."""
+    code = "import os\ntry:\n    [os.kill(-1, 9) for _ in range(20)]\nexcept ProcessLookupError:\n    pass\n"
+    try:
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", code],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def read_status(fd: int) -> str:
+    ready, _, _ = select.select([fd], [], [], 1.0)
+    return os.read(fd, 4096).decode(errors="replace") if ready else ""
+
+
+def rmtree(path: str) -> None:
+    """Delete the working directory, even where the program took its own permissions away (chmod 000)."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):
+        for root, dirs, _ in os.walk(path):
+            for d in dirs:
+                try:
+                    os.chmod(os.path.join(root, d), 0o700)
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
