@@ -46,14 +46,6 @@ def _execute(source: str, filename: str, namespace: dict) -> None:
     exec(compile(source, filename, "exec"), namespace)
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 -- the program may have closed or replaced them
-            pass
-
-
 def _run_program(path: str, source: str, limits: dict, uid, workdir: str) -> None:
     """The forked program of `run_python`: confined, then run in this interpreter (a second interpreter start would
     double the cost per program) as __main__. Never returns."""
@@ -70,7 +62,7 @@ def _run_program(path: str, source: str, limits: dict, uid, workdir: str) -> Non
                 print(exc.code, file=sys.stderr)
         except BaseException:
             _traceback()
-        _flush()
+        harness.flush_streams()
     finally:
         _exit(code & 0xFF)
 
@@ -98,7 +90,7 @@ def _run_candidate(path: str, source: str, entry_point: str, limits: dict, uid, 
             channel.send({"ready": False, "error": f"the program raised {type(exc).__name__}"})
         else:
             harness.serve(namespace, entry_point, channel)
-        _flush()
+        harness.flush_streams()
     finally:
         _exit(0)  # its exit status means nothing: only the checker's verdict does
 

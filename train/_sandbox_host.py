@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+from train._sandbox_os import poll_exit
+
 
 def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[bytes, bool]:
     """Read stdout + stderr until EOF (every process holding the pipe is gone), `cap` bytes, or the deadline; then
@@ -44,25 +46,11 @@ def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[byte
 
 def wait_unreaped(pid: int, deadline: float) -> bool:
     """Wait (without reaping: the pid and its process group id stay reserved) until `pid` exits or the deadline."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        fd = None
-    try:
-        while True:
-            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            if info is not None:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if fd is not None:
-                select.select([fd], [], [], left)
-            else:
-                time.sleep(min(left, 0.01))
-    finally:
-        if fd is not None:
-            os.close(fd)
+
+    def exited() -> bool | None:
+        return True if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None else None
+
+    return poll_exit(pid, deadline, exited, 0.01) is not None
 
 
 def kill_group(pgid: int) -> None:

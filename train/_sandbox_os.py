@@ -215,28 +215,39 @@ def confine(limits: dict, uid: int | None, fds: list[int], workdir: str, path: s
         _exit(126)
 
 
-def wait(pid: int, timeout_s: float) -> int | None:
-    """The child's wait status, or None when it is still running after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+def poll_exit(pid: int, deadline: float, exited, tick: float):
+    """`exited()` (a result, or None while `pid` runs) once `pid` exits, or None at the deadline (monotonic clock).
+    Sleeps on the process's pidfd where there is one, else polls every `tick` seconds. Shared with the trainer's
+    side (train/_sandbox_host.py)."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         fd = None
     try:
         while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return status
+            result = exited()
+            if result is not None:
+                return result
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             if fd is not None:
                 select.select([fd], [], [], left)
             else:
-                time.sleep(min(left, 0.005))
+                time.sleep(min(left, tick))
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def wait(pid: int, timeout_s: float) -> int | None:
+    """The child's wait status, or None when it is still running after `timeout_s`."""
+
+    def reaped() -> int | None:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        return status if done else None
+
+    return poll_exit(pid, time.monotonic() + timeout_s, reaped, 0.005)
 
 
 def _children() -> list[int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import _json
 import os
+import sys
 
 MAX_MESSAGE = 4 << 20  # bytes in one message (a HumanEval call or answer is well under 1 KiB)
 _BIG = 1 << 63  # ints at least this large travel as hex (JSON's decimal digits are capped by int_max_str_digits)
@@ -295,7 +296,7 @@ def serve(namespace: dict, entry_point: str, channel: Channel) -> None:
         except ProtocolError:
             return
         reply = _answer(function, call)
-        _flush()
+        flush_streams()
         channel.send(reply)
         if "value" not in reply:
             return
@@ -332,9 +333,8 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def _flush() -> None:
-    import sys
-
+def flush_streams() -> None:
+    """Flush stdout and stderr, whatever the program did to them (also used by the bootstrap)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

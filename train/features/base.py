@@ -134,7 +134,8 @@ class Features:
         return record
 
     def state_dict(self) -> dict:
-        return {f.name: f.state_dict() for f in self.items if f.state_dict()}
+        states = {f.name: f.state_dict() for f in self.items}
+        return {name: state for name, state in states.items() if state}
 
     def load_state_dict(self, states: dict) -> None:
         """Each feature's saved state; a state saved for a feature this run does not have is refused (ValueError)."""
