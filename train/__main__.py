@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from train.cli import parse_args
-from train.errors import TrainError
-from train.run.signals import EXIT_CODES, signal_name
+from .cli import parse_args
+from .errors import TrainError
+from .run.signals import EXIT_CODES, signal_name
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg, loss_overrides = parse_args(argv)
-    from train.loop import train  # after the CLI: --help does not import the model stack
+    from .loop import train  # after the CLI: --help does not import the model stack
 
     try:
         summary = train(cfg, loss_overrides)

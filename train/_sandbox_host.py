@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from train._sandbox_os import poll_exit
+from ._sandbox_os import poll_exit
 
 
 def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[bytes, bool]:

@@ -15,8 +15,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from train.config import RUN_PRESETS, TrainConfig
-from train.fields import ConfigError, OneOf, check_field, field_specs
+from .config import RUN_PRESETS, TrainConfig
+from .fields import ConfigError, OneOf, check_field, field_specs
 
 
 def _parse_value(text: str):

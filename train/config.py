@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from train.fields import Check, ConfigError, OneOf, Range, check_field, field_specs, option
-from train.tasks import check_template, data_tasks, parse_levels, task_names, task_specs
+from .fields import Check, ConfigError, OneOf, Range, check_field, field_specs, option
+from .tasks import check_template, data_tasks, parse_levels, task_names, task_specs
 
 __all__ = [
     "BACKENDS",

@@ -10,11 +10,11 @@ import math
 
 import torch
 
-from train.config import TrainConfig
-from train.rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
-from train.rollout import Sampling, majority, rollout
-from train.run.progress import progress_bar
-from train.run.rng import fork_rng
+from .config import TrainConfig
+from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
+from .rollout import Sampling, majority, rollout
+from .run.progress import progress_bar
+from .run.rng import fork_rng
 
 
 @torch.no_grad()

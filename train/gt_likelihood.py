@@ -20,8 +20,9 @@ from torch import Tensor
 
 from sgrpo_kernels import linear_logprobs
 from sgrpo_kernels.integrations.hf import lm_head
-from train.policy import policy_hidden
-from train.rewards import extract_answer
+
+from .policy import policy_hidden
+from .rewards import extract_answer
 
 IGNORE = -100
 

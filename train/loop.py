@@ -21,22 +21,22 @@ import time
 import traceback
 from pathlib import Path
 
-from train.config import TrainConfig
-from train.distributed import Dist, from_env, shutdown
-from train.errors import Refused
-from train.evaluate import compare_heldout, heldout_eval
-from train.probe import kl_from_init
-from train.record import reset_train_peak
-from train.run.checkpoint import STATE_FILE, read_checkpoint
-from train.run.lock import RunLock
-from train.run.metrics import MetricsLog, NullLog, write_json
-from train.run.progress import TrainBar
-from train.run.rundir import open_output_dir
-from train.run.signals import STOP, signal_name
-from train.run.state import LoopState, commit, emergency_save, fresh_state, resume, save
-from train.setup import Run, setup
-from train.step import train_step
-from train.update import Update
+from .config import TrainConfig
+from .distributed import Dist, from_env, shutdown
+from .errors import Refused
+from .evaluate import compare_heldout, heldout_eval
+from .probe import kl_from_init
+from .record import reset_train_peak
+from .run.checkpoint import STATE_FILE, read_checkpoint
+from .run.lock import RunLock
+from .run.metrics import MetricsLog, NullLog, write_json
+from .run.progress import TrainBar
+from .run.rundir import open_output_dir
+from .run.signals import STOP, signal_name
+from .run.state import LoopState, commit, emergency_save, fresh_state, resume, save
+from .setup import Run, setup
+from .step import train_step
+from .update import Update
 
 
 def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:

@@ -12,9 +12,10 @@ from torch import Tensor
 
 from sgrpo_kernels import linear_logprobs
 from sgrpo_kernels.integrations.hf import lm_head
-from train.distributed import Dist
-from train.model import decoder
-from train.rollout import Batch
+
+from .distributed import Dist
+from .model import decoder
+from .rollout import Batch
 
 
 def policy_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

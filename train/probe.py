@@ -10,12 +10,13 @@ from pathlib import Path
 import torch
 
 from sgrpo_kernels.validation import check_target_values
-from train.model import head_weight
-from train.policy import completion_targets, token_logprobs
-from train.rollout import Batch, Sampling, concat_batches, rollout
-from train.run.checkpoint import load_probe, save_probe
-from train.run.progress import progress_bar
-from train.run.rng import fork_rng
+
+from .model import head_weight
+from .policy import completion_targets, token_logprobs
+from .rollout import Batch, Sampling, concat_batches, rollout
+from .run.checkpoint import load_probe, save_probe
+from .run.progress import progress_bar
+from .run.rng import fork_rng
 
 PROBE_CHUNK = 4  # probe prompts per rollout call (the bar's unit)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats
-from train.rewards import format_reward
-from train.rollout import Batch
-from train.update import Update
+
+from .rewards import format_reward
+from .rollout import Batch
+from .update import Update
 
 _STATUS = Path("/proc/self/status")
 

@@ -15,7 +15,7 @@ import functools
 import re
 from fractions import Fraction
 
-from train.sandbox import FunctionCheck, Limits, run_check, run_many
+from .sandbox import FunctionCheck, Limits, run_check, run_many
 
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
 # "the answer is 17" -- but not "the answer is 7 * 6 = 42" (an expression, whose result is the last number)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from train.model import decoder
-from train.rewards import correctness_rewards, extract_answer, format_reward
-from train.tasks import Problem
+from .model import decoder
+from .rewards import correctness_rewards, extract_answer, format_reward
+from .tasks import Problem
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from train import _sandbox_host as host
+from . import _sandbox_host as host
 
 BOOT = Path(__file__).with_name("_sandbox_boot.py")
 UID_BASE = 2_000_000_000  # as in _sandbox_boot.py: the program runs as UID_BASE + the bootstrap's pid

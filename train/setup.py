@@ -13,15 +13,16 @@ from pathlib import Path
 import torch
 
 from sgrpo_kernels.rl import LossConfig
-from train.config import TrainConfig
-from train.distributed import ALONE, Dist
-from train.features import Features, build_features
-from train.model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
-from train.policy import data_parallel
-from train.probe import kl_probe
-from train.rollout import Sampling, VLLMEngine
-from train.run.metrics import write_json
-from train.tasks import TASK_OPTIONS, make_task
+
+from .config import TrainConfig
+from .distributed import ALONE, Dist
+from .features import Features, build_features
+from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
+from .policy import data_parallel
+from .probe import kl_probe
+from .rollout import Sampling, VLLMEngine
+from .run.metrics import write_json
+from .tasks import TASK_OPTIONS, make_task
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):

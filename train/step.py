@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 from sgrpo_kernels.rl import GroupSignals, prepare_groups
-from train.record import step_record
-from train.rollout import Batch, rollout
-from train.update import Update, policy_update
+
+from .record import step_record
+from .rollout import Batch, rollout
+from .update import Update, policy_update
 
 
 def step_problems(run) -> list:

@@ -21,10 +21,11 @@ from torch import Tensor
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.integrations.hf import lm_head
 from sgrpo_kernels.rl import GroupSignals
-from train.distributed import Dist
-from train.policy import completion_targets, reference_logprobs
-from train.rollout import Batch
-from train.run.signals import STOP
+
+from .distributed import Dist
+from .policy import completion_targets, reference_logprobs
+from .rollout import Batch
+from .run.signals import STOP
 
 
 @dataclass

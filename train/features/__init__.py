@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from train.features import (
+from ..features import (
     collapse,
     dense_reward,
     dynamic_sampling,
@@ -18,7 +18,7 @@ from train.features import (
     step_guard,
     trust_region,
 )
-from train.features.base import Feature, Features
+from ..features.base import Feature, Features
 
 __all__ = ["Feature", "Features", "build_features", "register_feature", "unregister_feature", "FACTORIES"]
 

@@ -4,8 +4,8 @@ the batch not solved, for `--collapse-window` steps). The study recomputes every
 
 from __future__ import annotations
 
-from train.features.base import Feature
-from train.stability import CollapseRules, low_entropy_collapse
+from ..features.base import Feature
+from ..stability import CollapseRules, low_entropy_collapse
 
 HISTORY_KEYS = ("entropy_mean", "zero_var_frac", "accuracy")  # per step, kept in the checkpoint
 

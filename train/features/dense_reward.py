@@ -9,9 +9,9 @@ import dataclasses
 
 import torch
 
-from train.features.base import Feature
-from train.gt_likelihood import gt_likelihood
-from train.rollout import Batch, chat_prompts
+from ..features.base import Feature
+from ..gt_likelihood import gt_likelihood
+from ..rollout import Batch, chat_prompts
 
 
 class DenseReward(Feature):

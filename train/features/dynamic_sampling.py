@@ -12,10 +12,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from train.distributed import Dist
-from train.features.base import Feature
-from train.rollout import Batch, concat_batches
-from train.run.rng import is_random_state, random_state, set_random_state
+from ..distributed import Dist
+from ..features.base import Feature
+from ..rollout import Batch, concat_batches
+from ..run.rng import is_random_state, random_state, set_random_state
 
 
 def constant_groups(rewards: Tensor, group_size: int) -> list[bool]:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from train.errors import Refused
-from train.features.base import Feature, global_norm
+from ..errors import Refused
+from ..features.base import Feature, global_norm
 
 
 def penalize_gradient(

@@ -3,8 +3,8 @@ needs the behaviour policy's log-probs, taken once per step before the first pas
 
 from __future__ import annotations
 
-from train.features.base import Feature
-from train.policy import token_logprobs
+from ..features.base import Feature
+from ..policy import token_logprobs
 
 
 class PPOEpochs(Feature):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from train.errors import TrainError
-from train.features.base import Feature
+from ..errors import TrainError
+from ..features.base import Feature
 
 
 class StepGuard:

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from train.features.base import Feature, global_norm
+from ..features.base import Feature, global_norm
 
 
 @torch.no_grad()

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from train.errors import TrainError
-from train.run.rng import is_random_state, restore_rng
+from ..errors import TrainError
+from ..run.rng import is_random_state, restore_rng
 
 # of state.pt. Format 1 (pickles) and 2 (no feature states; the collapse history and the dynamic-sampling generator
 # in the loop's state) are refused with a message that says so.

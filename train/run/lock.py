@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from train.errors import Refused
+from ..errors import Refused
 
 try:
     import fcntl

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 from sgrpo_kernels.rl import LossConfig
-from train.config import RESUME_SAFE, TrainConfig
-from train.errors import Refused
-from train.run.checkpoint import STATE_FILE, read_checkpoint
+
+from ..config import RESUME_SAFE, TrainConfig
+from ..errors import Refused
+from ..run.checkpoint import STATE_FILE, read_checkpoint
 
 # What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
 RUN_FILES = (

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
-from train.run.metrics import MetricsLog
-from train.run.rng import restore_rng, rng_snapshot
-from train.run.signals import STOP, signal_name
+from ..run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
+from ..run.metrics import MetricsLog
+from ..run.rng import restore_rng, rng_snapshot
+from ..run.signals import STOP, signal_name
 
 PHASES = ("before", "kl", "log", "eval", "save", "after")
 

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from train.study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
-from train.study.report import write_report
-from train.study.results import finished_runs
-from train.study.runner import Manifest, run_grid
+from ..study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
+from ..study.report import write_report
+from ..study.results import finished_runs
+from ..study.runner import Manifest, run_grid
 
 RESULTS = Path("benchmarks/results/study")
 WORK = Path("runs/study")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from train.study.results import finished_runs, read_records
+from ..study.results import finished_runs, read_records
 
 PANELS = (
     # (title, y label, record kind, key)

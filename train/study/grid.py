@@ -7,9 +7,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.cli import parse_args
-from train.config import PRESET_LOSS_DEFAULTS, TrainConfig
-from train.fields import field_specs
+from ..cli import parse_args
+from ..config import PRESET_LOSS_DEFAULTS, TrainConfig
+from ..fields import field_specs
+
+TRAINER = __package__.rpartition(".")[0]  # the trainer package as imported: `train` in a checkout
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class RunSpec:
         return f"{self.arm.name}/seed{self.seed}"
 
     def argv(self, threads: int, resume: bool) -> list[str]:
-        args = [sys.executable, "-m", "train", "--output-dir", str(self.work_dir), "--seed", str(self.seed)]
+        args = [sys.executable, "-m", TRAINER, "--output-dir", str(self.work_dir), "--seed", str(self.seed)]
         args += ["--preset", self.arm.preset, "--loss", self.arm.loss, "--threads", str(threads), "--progress", "false"]
         for k, v in self.arm.train.items():
             args += [f"--{k.replace('_', '-')}", v]

@@ -10,10 +10,10 @@ import math
 import statistics
 from pathlib import Path
 
-from train.stability import RULES
-from train.study.figure import plot_study
-from train.study.grid import RESEARCH_ARMS
-from train.study.results import finished_runs, load_run, read_manifest, write_json
+from ..stability import RULES
+from ..study.figure import plot_study
+from ..study.grid import RESEARCH_ARMS
+from ..study.results import finished_runs, load_run, read_manifest, write_json
 
 BASELINE = "grpo"
 # A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:

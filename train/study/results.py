@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.run.metrics import write_json as _write_json
-from train.stability import CollapseRules, run_metrics
+from ..run.metrics import write_json as _write_json
+from ..stability import CollapseRules, run_metrics
 
 MANIFEST = "manifest.json"
 # A run's files, in the order they are published: summary.json last, because its presence marks the run finished

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.study.grid import RunSpec
-from train.study.results import RUN_FILES, is_finished, load_run, read_manifest, read_summary, write_manifest
+from ..study.grid import RunSpec
+from ..study.results import RUN_FILES, is_finished, load_run, read_manifest, read_summary, write_manifest
 
 
 def environment() -> dict:

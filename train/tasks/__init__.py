@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-from train.tasks.base import ANSWER_IS_TEMPLATE, TEMPLATE_FIELDS, Problem, ProceduralTask, _is_heldout, check_template
-from train.tasks.registry import (
+from ..tasks.base import ANSWER_IS_TEMPLATE, TEMPLATE_FIELDS, Problem, ProceduralTask, _is_heldout, check_template
+from ..tasks.registry import (
     TASK_OPTIONS,
     Task,
     TaskSpec,
@@ -34,10 +34,10 @@ for _module in TASK_MODULES:
 del _module
 
 # Names code and tests import from `train.tasks` (imported after the loop above, which has already loaded them).
-from train.tasks.arithmetic import LEVELS, ArithmeticTask, parse_levels  # noqa: E402
-from train.tasks.humaneval import HUMANEVAL_TEMPLATE, HumanEvalTask, humaneval_path  # noqa: E402
-from train.tasks.jsonl import ANSWER_KEYS, JSONL_EXPECTED, QUESTION_KEYS, JsonlTask, read_jsonl  # noqa: E402
-from train.tasks.wordproblems import GOODS, NAMES, WORD_PROBLEMS, WordProblemTask  # noqa: E402
+from ..tasks.arithmetic import LEVELS, ArithmeticTask, parse_levels  # noqa: E402
+from ..tasks.humaneval import HUMANEVAL_TEMPLATE, HumanEvalTask, humaneval_path  # noqa: E402
+from ..tasks.jsonl import ANSWER_KEYS, JSONL_EXPECTED, QUESTION_KEYS, JsonlTask, read_jsonl  # noqa: E402
+from ..tasks.wordproblems import GOODS, NAMES, WORD_PROBLEMS, WordProblemTask  # noqa: E402
 
 __all__ = [
     "ANSWER_IS_TEMPLATE",

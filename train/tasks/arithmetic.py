@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from train.tasks.base import ProceduralTask, check_template
-from train.tasks.registry import register_task
+from ..tasks.base import ProceduralTask, check_template
+from ..tasks.registry import register_task
 
 
 # level -> (description, generator). Generators take a random.Random and return (question, answer).

@@ -8,10 +8,10 @@ import json
 import random
 from pathlib import Path
 
-from train.rewards import CodeTests
-from train.sandbox import Limits, describe_isolation
-from train.tasks.base import Problem, _is_heldout, check_template
-from train.tasks.registry import register_task
+from ..rewards import CodeTests
+from ..sandbox import Limits, describe_isolation
+from ..tasks.base import Problem, _is_heldout, check_template
+from ..tasks.registry import register_task
 
 HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the complete function in a Python code block.\n\n"

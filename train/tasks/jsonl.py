@@ -7,9 +7,9 @@ import json
 import random
 from pathlib import Path
 
-from train.rewards import extract_answer
-from train.tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
-from train.tasks.registry import register_task
+from ..rewards import extract_answer
+from ..tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
+from ..tasks.registry import register_task
 
 QUESTION_KEYS = ("question", "problem", "prompt")  # the problem text: the first of these present in a row
 ANSWER_KEYS = ("answer", "solution")  # the ground truth: GSM8K "... #### 42", MATH "... \\boxed{42}", or a bare value

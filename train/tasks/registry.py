@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from train.tasks.base import Problem
+    from ..tasks.base import Problem
 
 
 class Task(Protocol):

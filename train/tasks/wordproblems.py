@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import random
 
-from train.tasks.base import ANSWER_IS_TEMPLATE, ProceduralTask, check_template
-from train.tasks.registry import register_task
+from ..tasks.base import ANSWER_IS_TEMPLATE, ProceduralTask, check_template
+from ..tasks.registry import register_task
 
 NAMES = ("Ada", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Liam", "Maya")
 GOODS = (("notebook", "notebooks"), ("pen", "pens"), ("apple", "apples"), ("ticket", "tickets"), ("cup", "cups"))
