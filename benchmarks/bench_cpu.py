@@ -1,5 +1,6 @@
 """CPU benchmark: the reference path (full logits), the chunked `torch` backend and, when `trl` is installed, TRL's
-fused LM head (`trl.kernels.ChunkedLogProbFunction`, TRL's own chunk width) at real LM-head shapes.
+fused LM head (`trl.kernels.ChunkedLogProbFunction`, TRL's own chunk width) at real LM-head shapes; when `verl` is
+installed (run from its venv), verl's fused op (`FusedLinearForPPO`, its default 512-token chunk).
 
     python -m benchmarks.bench_cpu                       # all shapes -> runs/bench/cpu.{csv,md} (scratch)
     python -m benchmarks.bench_cpu --models qwen2.5-0.5b --tokens 2048 --repeats 3
@@ -39,15 +40,21 @@ SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repositor
 MODELS = {"smollm2-135m": (576, 49152), "qwen2.5-0.5b": (896, 151936)}
 MODES = ("fwd", "fwd+bwd", "fwd+bwd-half0")
 TRL_CHUNK = 32768  # the vocabulary chunk TRL's GRPOTrainer passes (trl 1.16, trl/trainer/utils.py)
+VERL_CHUNK = 512  # the token chunk of verl's FusedLinearForPPO (its default; verl 0.9.1)
 
 
 def providers() -> tuple[str, ...]:
-    """reference and torch always; trl when it is installed."""
+    """reference and torch always; trl when it is installed; verl (its fused op, `verl.utils.experimental.
+    torch_functional.FusedLinearForPPO`, plain PyTorch: run from the verl venv) when verl is installed."""
+    import importlib.util
+
     try:
         from trl.kernels import ChunkedLogProbFunction  # noqa: F401
     except ImportError:
-        return ("reference", "torch")
-    return ("reference", "torch", "trl")
+        names = ("reference", "torch")
+    else:
+        names = ("reference", "torch", "trl")
+    return names + (("verl",) if importlib.util.find_spec("verl") is not None else ())  # imported when called
 
 
 PROVIDERS = providers()
@@ -103,6 +110,14 @@ def _make_call(provider: str, mode: str, hidden, weight, targets, g_logp, g_ent)
         def fn(h, w, t):
             out = ChunkedLogProbFunction.apply(h, w, None, t, 1.0, TRL_CHUNK, None, 1.0, ("entropy",))
             return out[0], out[1]
+    elif provider == "verl":
+        os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")  # the op alone, not verl's plugins
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+        op = FusedLinearForPPO(chunk_size=VERL_CHUNK)
+
+        def fn(h, w, t):
+            return op(h, w, t, 1.0)
     else:
         fn = ref.linear_logprobs if provider == "reference" else sk.linear_logprobs
     g_logp, g_ent = _upstream(mode, g_logp, g_ent)

@@ -14,6 +14,8 @@ Providers: `reference` (sgrpo_kernels.reference: full bf16 logits + autograd, th
 - `trl`: TRL's fused LM head (`trl.kernels.ChunkedLogProbFunction`, what `GRPOTrainer` runs; log-prob and entropy
   with gradients) at TRL's own vocabulary chunk: cuBLAS tiles folded by Triton kernels on CUDA, by torch ops elsewhere
   (the CPU smoke test).
+- `verl`: verl's fused log-prob + entropy (`verl.utils.experimental.torch_functional.FusedLinearForPPO`, what
+  `use_fused_kernels` runs with impl_backend torch) at its default 512-token chunk; needs verl (its own venv).
 `liger_flce` and `cce` compute less (no entropy) and are listed for orientation.
 
 Modes (the `mode` column): `fwd` = forward-only, no-grad call (old-policy / reference log-probs), tflops = 2MDV/t;
@@ -59,7 +61,7 @@ COLUMNS = ["device", "provider", "mode", "M", "D", "V", "dtype", "zero_grad_frac
            "tflops", "peak_mem_gb", "versions", "git_sha"]
 SHAPES = ["8192x4096x131072", "8192x2304x256000"]  # M x D x V: a published peer shape; a Gemma-2-like one
 MODES = [("fwd", 0.0), ("fwd+bwd", 0.0), ("fwd+bwd", 0.5)]
-PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce", "trl"]
+PROVIDERS = ["reference", "torch", "triton", "liger_flce", "liger_scaled_ce", "cce", "trl", "verl"]
 
 
 # ------------------------------------------------------------------------------------------------- providers
@@ -110,6 +112,18 @@ def _peer(provider: str):
             return out[0], out[1]
 
         return fn
+    if provider == "verl":
+        # verl's fused log-prob + entropy (`use_fused_kernels`, impl_backend torch): token chunks of full-vocabulary
+        # logits, log-prob and entropy with gradients; no ignore_index (every target is a vocabulary id here)
+        import os
+
+        os.environ.setdefault("VERL_USE_EXTERNAL_PLUGINS", "none")  # the op alone, not verl's plugins
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+        from benchmarks.bench_cpu import VERL_CHUNK
+
+        op = FusedLinearForPPO(chunk_size=VERL_CHUNK)
+        return lambda h, w, t: op(h, w, t, 1.0)
     raise ValueError(provider)
 
 

@@ -4,6 +4,8 @@ size, completion length, sampling temperature, learning-rate schedule, trained l
 
     python -m benchmarks.bench_trainers --steps 30               # scratch: runs/bench/trainers.{json,md}
     python -m benchmarks.bench_trainers --steps 30 --publish     # benchmarks/results/trainers_cpu.{json,md}
+    python -m benchmarks.bench_trainers --steps 10 --trainers bundled,bundled-vllm-fp32,bundled-vllm-bf16,trl \
+        --vllm-python /path/to/venv-vllm/bin/python                 # the bundled trainer per rollout engine
 
 Every trainer is built from the bundled trainer's own setup (`train.setup.setup`: the model, its trained top layers,
 the task, the held-out set) and evaluated by its own `train.evaluate.evaluate` (greedy held-out accuracy before and
@@ -31,7 +33,14 @@ from pathlib import Path
 from benchmarks.common import RESULTS, cpu_name, git_sha, versions
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINERS = ("bundled", "trl", "sgrpo")
+TRAINERS = ("bundled", "trl", "sgrpo", "bundled-vllm-fp32", "bundled-vllm-bf16")
+DEFAULT_TRAINERS = ("bundled", "trl", "sgrpo")
+# the bundled trainer's rollout engine per kind (docs/rollouts.md); the vLLM kinds run under --vllm-python
+ENGINE_FLAGS = {
+    "bundled": ["--use-vllm", "off"],
+    "bundled-vllm-fp32": ["--use-vllm", "on", "--vllm-dtype", "float32"],
+    "bundled-vllm-bf16": ["--use-vllm", "on", "--vllm-dtype", "bfloat16"],
+}
 SCRATCH = REPO / "runs" / "bench"
 
 
@@ -126,8 +135,9 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
     out = work / kind
     flags = job_flags(args, out)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-    if kind == "bundled":
-        cmd = [sys.executable, "-m", "train", *flags]
+    if kind in ENGINE_FLAGS:
+        python = args.vllm_python if kind != "bundled" else sys.executable
+        cmd = [python, "-m", "train", *flags, *ENGINE_FLAGS[kind]]
     else:
         out.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "benchmarks.bench_trainers", "--worker", kind, "--worker-result",
@@ -138,7 +148,7 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
     if res.returncode != 0:
         raise SystemExit(f"{kind}: {' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
                          f"{res.stderr[-3000:]}")  # fmt: skip
-    if kind == "bundled":
+    if kind in ENGINE_FLAGS:
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         recs = [r for r in recs if "event" not in r and "step" in r and "step_s" in r]
         summary = json.loads((out / "summary.json").read_text())
@@ -148,7 +158,9 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
              "train_peak_mem_mb": max(r["train_peak_mem_mb"] for r in recs),
              "peak_mem_mb": max(r["peak_mem_mb"] for r in recs),
              "heldout_before": summary["before"]["eval_acc"], "heldout_after": summary["after"]["eval_acc"],
-             "loss_type": "s_grpo preset"}  # fmt: skip
+             "loss_type": "s_grpo preset", "gen_s": [r["gen_s"] for r in recs],
+             "rollout_engine": recs[0].get("rollout_engine"),
+             "rollout_logp_diff": [r.get("rollout_logp_diff") for r in recs]}  # fmt: skip
     else:
         m = json.loads((out / "worker.json").read_text())
     return {**m, **summarize(m["step_s"], m["tokens"]), "process_wall_s": wall}
@@ -165,12 +177,17 @@ def summarize(step_s: list[float], tokens: list[float]) -> dict:
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if r["trainer"] == "trl"), None)
-    lines = ["| trainer | loss | steps | step s (mean) | completion tokens / s | vs GRPOTrainer | training peak MiB | "
-             "process peak MiB | held-out before -> after |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    names = {"bundled": "bundled `python -m train`", "trl": "TRL `GRPOTrainer`", "sgrpo": "`SGRPOTrainer` (TRL)"}
+    lines = ["| trainer | loss | steps | step s (mean) | rollout s (mean) | completion tokens / s | vs GRPOTrainer | "
+             "training peak MiB | process peak MiB | held-out before -> after |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    names = {"bundled": "bundled `python -m train`, HF generate", "trl": "TRL `GRPOTrainer`",
+             "sgrpo": "`SGRPOTrainer` (TRL)", "bundled-vllm-fp32": "bundled `python -m train`, vLLM fp32",
+             "bundled-vllm-bf16": "bundled `python -m train`, vLLM bf16"}  # fmt: skip
     for r in rows:
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
-        lines.append(f"| {names[r['trainer']]} | {r['loss_type']} | {r['steps']} | {r['step_s_mean']:.2f} | "
+        gen = r.get("gen_s")
+        gen = f"{statistics.mean(gen[1:] if len(gen) > 1 else gen):.2f}" if gen else "-"
+        lines.append(f"| {names[r['trainer']]} | {r['loss_type']} | {r['steps']} | {r['step_s_mean']:.2f} | {gen} | "
                      f"{r['tokens_per_s']:.1f} | {ratio} | {r['train_peak_mem_mb']:.0f} | {r['peak_mem_mb']:.0f} | "
                      f"{r['heldout_before']:.3f} -> {r['heldout_after']:.3f} |")  # fmt: skip
     return "\n".join(lines)
@@ -178,7 +195,10 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_trainers", description=__doc__.split("\n\n")[0])
-    p.add_argument("--trainers", default=",".join(TRAINERS), help=f"comma-separated, from {', '.join(TRAINERS)}")
+    p.add_argument("--trainers", default=",".join(DEFAULT_TRAINERS),
+                   help=f"comma-separated, from {', '.join(TRAINERS)}")  # fmt: skip
+    p.add_argument("--vllm-python", default=sys.executable,
+                   help="interpreter of the bundled-vllm-* trainers (a venv with vllm; docs/rollouts.md)")  # fmt: skip
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--prompts", type=int, default=4)
@@ -214,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     job = {k: getattr(args, k) for k in ("model", "steps", "prompts", "group_size", "max_new_tokens", "eval_problems",
                                          "threads", "seed")}  # fmt: skip
-    meta = {"job": job, "cpu": cpu_name(), "git": git_sha(), "versions": versions(),
+    meta = {"job": job, "cpu": cpu_name(), "git": git_sha(), "versions": versions(), "load1": os.getloadavg()[0],
             "command": "python -m benchmarks.bench_trainers " + " ".join(argv if argv is not None else sys.argv[1:])}
     (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "trainers": rows}, indent=2) + "\n")
     md = (f"# Trainers end to end on CPU\n\n`{meta['command']}` on {meta['cpu']} (git {meta['git']}); job: "

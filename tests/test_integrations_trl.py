@@ -169,6 +169,27 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         trainer(tmp_path, "ppo", "")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"sgrpo_loss": "beta=nan"}, ["sgrpo_loss", "beta='nan'", ">= 0.0"]),  # was "must be a Python number, got str"
+        ({"sgrpo_loss": "epsilon_low=NaN"}, ["sgrpo_loss", "epsilon_low=nan", ">= 0.0", "< 1.0"]),
+        ({"sgrpo_loss": "epsilon_low=5"}, ["sgrpo_loss", "epsilon_low=5", ">= 0.0", "< 1.0"]),
+        ({"sgrpo_loss": "entropy_fliter=ln2"}, ["sgrpo_loss", "entropy_fliter", "unknown LossConfig field"]),
+        ({"sgrpo_loss": "entropy_filter=adaptive"}, ["entropy_filter='adaptive'"]),
+        ({"sgrpo_preset": "ppo"}, ["sgrpo_preset='ppo'", "expected one of", "s_grpo"]),
+        ({"sgrpo_preset": "grpo"}, ["beta=0.04", "GRPOConfig beta=0.0"]),
+    ],
+)
+def test_config_refuses_bad_values_when_constructed(tmp_path, overrides, words):
+    """SGRPOConfig refuses a bad preset or override when it is built (not when the trainer is), naming the field,
+    the value and the accepted range."""
+    from conftest import assert_refused
+
+    kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "beta": 0.0}
+    assert_refused(lambda: SGRPOConfig(**kw, **overrides), ValueError, words)
+
+
 def test_warns_when_the_filter_removes_every_completion(tmp_path):
     t = trainer(tmp_path, "s_grpo", "", max_steps=1)  # the ln 2 filter on a random model (entropy ~3.8 nats)
     with pytest.warns(UserWarning, match="removed every completion"):
@@ -402,3 +423,53 @@ def np_finite(x: float) -> bool:
     import math
 
     return math.isfinite(x)
+
+
+def test_trl_example_shows_progress_with_an_eta(monkeypatch):
+    """examples/trl_sgrpo.py trains with TRL's progress bar (steps, ETA). Loading the bundled trainer's model sets
+    transformers' verbosity to error, after which TrainingArguments' default turns the bar off (disable_tqdm): the
+    example sets it on. The example is run up to building the trainer, on the tiny model."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    try:
+        import sgrpo_train  # noqa: F401  (the bundled trainer installed under its package name)
+    except ImportError:  # a checkout: the same package as `train`
+        import train.model
+        import train.rewards
+        import train.tasks  # noqa: F401  (all three put in sys.modules)
+
+        for name in ("", ".model", ".rewards", ".tasks"):
+            monkeypatch.setitem(sys.modules, "sgrpo_train" + name, sys.modules["train" + name])
+    file = Path(__file__).resolve().parents[1] / "examples" / "trl_sgrpo.py"
+    spec = importlib.util.spec_from_file_location("trl_sgrpo_example", file)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    from transformers.utils import logging as hf_logging
+
+    built = []
+
+    class Built(Exception):
+        pass
+
+    def tiny_loader(name, device, dtype, seed=0, progress=None):
+        from train.model import tiny_model_and_tokenizer
+
+        hf_logging.set_verbosity_error()  # as the real loader does
+        return tiny_model_and_tokenizer(seed)
+
+    def capture(*args, **kwargs):
+        built.append(kwargs["args"])
+        raise Built
+
+    monkeypatch.setattr(example, "load_model_and_tokenizer", tiny_loader)
+    monkeypatch.setattr(example, "SGRPOTrainer", capture)
+    monkeypatch.setattr(sys, "argv", ["trl_sgrpo.py", "--steps", "1", "--output-dir", "/tmp/unused"])
+    verbosity = hf_logging.get_verbosity()
+    try:
+        with pytest.raises(Built):
+            example.main()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    assert built and built[0].disable_tqdm is False

@@ -233,6 +233,36 @@ def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_pa
         assert f"rank {rank}: 0 DDP alive at destroy" in log, log[-3000:]
 
 
+@pytest.mark.slow
+def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
+    """Rank 1 SIGSTOPped at its second training rollout: rank 0's next collective waits --dist-timeout-s (5 s), then
+    the job fails with a message naming rank 1 (before: gloo's 30 minutes of silence)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        textwrap.dedent("""
+        import os, signal, sys
+        import train.step
+        real, calls = train.step.rollout, [0]
+        def rollout(*args, **kwargs):
+            calls[0] += 1
+            if os.environ["RANK"] == "1" and calls[0] == 2:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return real(*args, **kwargs)
+        train.step.rollout = rollout
+        from train.__main__ import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "3",
+           "--kl-every", "0", "--eval-k", "0", "--dist-timeout-s", "5"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    log = res.stdout + res.stderr
+    assert res.returncode != 0, log[-3000:]
+    assert "rank 1 stopped answering" in log and "--dist-timeout-s 5" in log, log[-3000:]
+
+
 def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
     from train import loop
     from train.distributed import Dist

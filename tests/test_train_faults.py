@@ -564,3 +564,113 @@ def test_kl_from_init_is_null_where_not_measured(tmp_path):
     loop.train(tiny_cfg(out, max_steps=3, kl_every=2, eval_k=0), LOSS)
     kl = [r["kl_from_init"] for r in records(out) if r.get("event") != "eval"]
     assert kl[0] is None and kl[1] > 0 and kl[2] > 0  # measured at step 2 (kl_every) and 3 (the last)
+
+
+# ----------------------------------------------------------------------------------------------------- issue 23, item 4
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory):
+    """A finished 1-step run (with its checkpoint), copied by each test that changes it."""
+    out = tmp_path_factory.mktemp("one_step") / "run"
+    loop.train(tiny_cfg(out, max_steps=1, kl_every=0, eval_k=0), LOSS)
+    return out
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_resume_refuses_a_checkpoint_that_is_not_a_regular_file(tmp_path):
+    """state.pt a FIFO: opening it for reading would wait for a writer forever. It is refused at once, named."""
+    from train.run.checkpoint import CheckpointError, read_checkpoint
+
+    file = tmp_path / "run" / "checkpoint" / "state.pt"
+    file.parent.mkdir(parents=True)
+    os.mkfifo(file)
+    outcome: list = []
+
+    def read():
+        try:
+            read_checkpoint(file)
+            outcome.append("read")
+        except Exception as exc:  # noqa: BLE001 -- the test inspects it
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # let the blocked reader go (it sees end of file) before failing
+        os.close(os.open(file, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+        pytest.fail("read_checkpoint of a FIFO blocked for 10 s")
+    assert isinstance(outcome[0], CheckpointError), outcome
+    assert str(file) in str(outcome[0]) and "not a regular file" in str(outcome[0])
+
+
+def test_cli_resume_from_a_fifo_is_an_error_not_a_hang(tmp_path, capsys):
+    file = tmp_path / "run" / "checkpoint" / "state.pt"
+    file.parent.mkdir(parents=True)
+    os.mkfifo(file)
+    timer = threading.Timer(30, lambda: os.close(os.open(file, os.O_WRONLY | os.O_NONBLOCK)))  # unblock a hang
+    timer.start()
+    try:
+        code = main(tiny_argv(tmp_path / "run", "--max-steps", "1", "--resume"))
+    finally:
+        timer.cancel()
+    err = capsys.readouterr().err
+    assert code == 1 and "not a regular file" in err and str(file) in err, err
+
+
+def _tampered(run: Path, dst: Path, change) -> Path:
+    out = _copy_run(run, dst)
+    file = out / "checkpoint" / "state.pt"
+    state = torch.load(file, weights_only=True)
+    change(state)
+    torch.save(state, file)
+    return file
+
+
+def _set_step(state):
+    state["step"] = 10**12
+
+
+def _nan_exp_avg(state):
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["exp_avg"].view(-1)[0] = float("nan")
+
+
+def _inf_adam_step(state):
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["step"].fill_(float("inf"))
+
+
+def _scheduler_far_ahead(state):
+    state["scheduler"]["last_epoch"] = 10**12
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (_set_step, "'step' 1000000000000"),
+        (_nan_exp_avg, "exp_avg"),
+        (_inf_adam_step, "'step'"),
+        (_scheduler_far_ahead, "last_epoch"),
+    ],
+)
+def test_resume_refuses_absurd_or_non_finite_checkpoint_fields(tmp_path, one_step_run, change, named):
+    """A step of 10^12 (the run would report 'nothing to do'), a NaN in Adam's moments (every later step skipped
+    silently), a non-finite Adam step count, a schedule far ahead of the step: refused on --resume, the file and the
+    field named, nothing trained."""
+    from train.run.checkpoint import CheckpointError
+
+    out = tmp_path / "run"
+    file = _tampered(one_step_run, out, change)
+    before = (out / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError) as info:
+        loop.train(tiny_cfg(out, max_steps=2, kl_every=0, eval_k=0, resume=True), LOSS)
+    assert f"{file} is not a valid checkpoint" in str(info.value) and named in str(info.value), str(info.value)
+    assert (out / "metrics.jsonl").read_text() == before

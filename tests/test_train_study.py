@@ -205,6 +205,47 @@ def test_study_cli_refuses_bad_arms_and_seeds(capsys):
         assert needle in capsys.readouterr().err
 
 
+def test_study_cli_refuses_a_duplicated_set(tmp_path, capsys):
+    """`--set lr=1e-4 --set lr=2e-4` (or the same field spelt with - and _): refused, both values named, before any
+    file is written (the last one silently won)."""
+    from train.study.__main__ import main
+
+    for sets in (["lr=1e-4", "lr=2e-4"], ["max-steps=2", "max_steps=3"]):
+        argv = ["--arms", "s_grpo", "--seeds", "0", *(a for s in sets for a in ("--set", s))]
+        assert main([*argv, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]) == 2
+        err = capsys.readouterr().err
+        assert "given twice" in err and all(repr(s) in err for s in sets), err
+        assert not (tmp_path / "out").exists()
+
+
+def _unwritable(tmp_path: Path, how: str) -> Path:
+    if how == "under_a_file":
+        (tmp_path / "file").write_text("")
+        return tmp_path / "file" / "study"
+    if os.geteuid() != 0:
+        ro = tmp_path / "read_only"
+        ro.mkdir()
+        ro.chmod(0o500)
+        return ro / "study"
+    return Path("/sys/sgrpo-kernels-study-test")  # root writes through permissions; sysfs refuses it
+
+
+@pytest.mark.parametrize("flag", ["--out", "--work"])
+@pytest.mark.parametrize("how", ["under_a_file", "read_only"])
+def test_study_cli_refuses_an_unwritable_folder(tmp_path, capsys, flag, how):
+    """--out / --work where nothing can be written: a one-line refusal naming the flag and the path (exit 2), no
+    traceback, no run started."""
+    from train.study.__main__ import main
+
+    bad = _unwritable(tmp_path, how)
+    dirs = {"--out": str(tmp_path / "out"), "--work": str(tmp_path / "work"), flag: str(bad)}
+    argv = ["--arms", "s_grpo", "--seeds", "0", "--set", "max-steps=1", *(a for kv in dirs.items() for a in kv)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {bad}: cannot write there" in err and "Traceback" not in err, err
+    assert not (tmp_path / "work").exists() or flag == "--out"
+
+
 def test_a_results_folder_holds_one_regime(tmp_path):
     from train.study.runner import Manifest
 

@@ -14,8 +14,8 @@ from train import tasks
 from train.rewards import correctness_reward
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILTIN = ("arithmetic", "wordproblems", "gsm8k", "math", "humaneval")
-UNKNOWN = "task='nope': expected 'arithmetic', 'wordproblems', 'gsm8k', 'math' or 'humaneval'"
+BUILTIN = ("arithmetic", "wordproblems", "gsm8k", "math", "jsonl", "humaneval")
+UNKNOWN = "task='nope': expected 'arithmetic', 'wordproblems', 'gsm8k', 'math', 'jsonl' or 'humaneval'"
 
 
 class DigitSumTask(tasks.ProceduralTask):
@@ -51,7 +51,7 @@ def digitsum():
 
 def test_builtin_tasks_in_cli_order():
     assert tasks.task_names() == BUILTIN
-    assert tasks.data_tasks() == ("gsm8k", "math")
+    assert tasks.data_tasks() == ("gsm8k", "math", "jsonl")
     specs = tasks.task_specs()
     assert [s.name for s in specs] == list(BUILTIN) and all(isinstance(s, tasks.TaskSpec) for s in specs)
     assert all(s.help.strip() and "\n" not in s.help for s in specs)  # one line each, for the --task help
@@ -71,7 +71,8 @@ def test_registered_task_is_built_and_listed(digitsum):
     task = tasks.make_task("digitsum", heldout_frac=0.3, seed=7)
     assert isinstance(task, DigitSumTask)
     assert digitsum == [  # the factory gets every option, the defaults included
-        {"difficulty": "1-3", "data_path": None, "prompt_template": None, "heldout_frac": 0.3, "seed": 7}
+        {"difficulty": "1-3", "data_path": None, "prompt_template": None, "heldout_frac": 0.3, "seed": 7,
+         "reward": None}  # fmt: skip
     ]
     drawn = task.sample(20, random.Random(0))
     assert all(p.prompt == f"The sum of the digits of {p.question} is" for p in drawn)

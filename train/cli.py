@@ -32,28 +32,38 @@ def _bool(text: str, flag: str) -> bool:
     return parse_flag(text, flag)
 
 
+def parse_flag_text(name: str, text: str):
+    """The value of field `name` typed as `text` (a flag's argument, or text in a --config file), checked against the
+    field's declaration; a refusal is a ValueError saying what is accepted."""
+    spec, flag = field_specs(TrainConfig)[name], "--" + name.replace("_", "-")
+    try:
+        if spec.kind is bool:
+            value = _bool(text, flag)
+        elif spec.kind is int:
+            value = int(text)
+        elif spec.kind is float:
+            value = float(text)
+        else:
+            value = text
+    except ValueError:
+        raise ValueError(f"expected {spec.expected()}") from None
+    try:
+        check_field(name, value, TrainConfig)
+    except ConfigError as exc:
+        raise ValueError(exc.detail) from None
+    return value
+
+
 def _cli_type(name: str):
     """The argparse `type` of field `name`: text -> value, checked against the field's declaration. A refused value
     is an argparse error naming the flag, the value and what is accepted."""
-    spec, flag = field_specs(TrainConfig)[name], "--" + name.replace("_", "-")
+    spec = field_specs(TrainConfig)[name]
 
     def parse(text: str):
         try:
-            if spec.kind is bool:
-                value = _bool(text, flag)
-            elif spec.kind is int:
-                value = int(text)
-            elif spec.kind is float:
-                value = float(text)
-            else:
-                value = text
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} refused: expected {spec.expected()}") from None
-        try:
-            check_field(name, value, TrainConfig)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r} refused: {exc.detail}") from None
-        return value
+            return parse_flag_text(name, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} refused: {exc}") from None
 
     parse.__name__ = spec.kind.__name__  # argparse's "invalid <name> value" wording, if it ever shows
     return parse
@@ -116,12 +126,23 @@ def _first_sentence(text: str) -> str:
     return re.split(r"(?<=[a-z)][a-z)]\.)\s+(?=[A-Z])", text.strip())[0].rstrip(".")  # not after "Dr."
 
 
-USAGE = "python -m train [--run-preset NAME] [--FLAG VALUE ...] [--loss.FIELD VALUE ...]"
+ALIASES = {"--data": "--data-path"}  # other spellings of a field's flag (refusals name the field's own flag)
+
+
+class _JoinAction(argparse.Action):
+    """A flag that may be given more than once: the values joined with commas (each one checked as it is parsed)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if before in (None, self.default) else f"{before},{values}")
+
+
+USAGE = "%(prog)s [--config FILE] [--run-preset NAME] [--FLAG VALUE ...] [--loss.FIELD VALUE ...]"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m train",
+        prog="sgrpo-train" if Path(sys.argv[0]).name == "sgrpo-train" else f"python -m {__package__}",
         usage=USAGE,
         description="GRPO-family RL (S-GRPO, GTPO, GRPO, ...) of a causal LM on verifiable tasks. Every TrainConfig "
         "field is a flag (train/config.py; --max_steps works like --max-steps). Numbers must be finite. Precedence: "
@@ -135,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(RUN_PRESETS),
         help="named sizes applied before the other flags: default (the default job, docs/trainer.md: the defaults "
         "below), smoke (2 tiny steps), gpu [default: default]",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a YAML or JSON file of fields (max_steps: 60, loss.beta: 0.1, run_preset: smoke), or a run's own "
+        "OUTPUT_DIR/config.json; flags you type override it; unknown keys are refused [default: none; with --resume, "
+        "OUTPUT_DIR/config.json]",
     )
     specs = field_specs(TrainConfig)
     for f in fields(TrainConfig):
@@ -151,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                     short = None not in c.choices and len(",".join(c.choices)) <= 24
                     kwargs["metavar"] = "{" + ",".join(c.choices) + "}" if short else "NAME"
         kwargs["help"] = _help(f"{spec.help or f.name} [default: {_flag_default(f.name, f.default)}{accepted}]")
+        if f.name == "reward":  # given again: one more function (the field holds them comma-separated)
+            kwargs["action"] = _JoinAction
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
     loss_group = parser.add_argument_group(
         "loss overrides",
@@ -171,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """The other spelling of a flag: --max_steps -> --max-steps, --loss.epsilon-low -> --loss.epsilon_low."""
+    """The other spelling of a flag: --max_steps -> --max-steps, --loss.epsilon-low -> --loss.epsilon_low, --data ->
+    --data-path."""
     out = []
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
@@ -180,6 +211,7 @@ def _normalize(argv: list[str]) -> list[str]:
                 name = "--loss." + name[len("--loss.") :].replace("-", "_")
             else:
                 name = "--" + name[2:].replace("_", "-")
+                name = ALIASES.get(name, name)
             arg = name + eq + value
         out.append(arg)
     return out
@@ -198,22 +230,51 @@ def _flag_of(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def _config_file(parser: argparse.ArgumentParser, path: str | None, typed: dict):
+    """The --config file, read and checked; with --resume and no --config, the run's own OUTPUT_DIR/config.json (so a
+    resume needs no flag typed again; flags that are typed again are checked against the checkpoint as always)."""
+    from .config_file import ConfigFileError, read_config_file
+
+    if path is None and typed.get("resume"):
+        own = Path(typed.get("output_dir", TrainConfig.output_dir)) / "config.json"
+        path = str(own) if own.is_file() else None
+    if path is None:
+        return None
+    try:
+        return read_config_file(path)
+    except ConfigFileError as exc:
+        parser.error(str(exc))
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
-    """CLI -> (TrainConfig, LossConfig overrides). Precedence: dataclass default < --run-preset < explicit flag.
-    Every refusal is an argparse error (exit status 2) naming the flag."""
+    """CLI -> (TrainConfig, LossConfig overrides). Precedence: dataclass default < --run-preset < --config file <
+    explicit flag. Every refusal is an argparse error (exit status 2) naming the flag (or the file's key)."""
     argv = _normalize(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     explicit = _explicit_flags(argv)
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-    for key, value in RUN_PRESETS[args.run_preset].items():
-        if key not in explicit:
-            values[key] = value
-    overrides = {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
+    typed = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in explicit}
+    file = _config_file(parser, args.config, typed)
+    preset = args.run_preset if "run_preset" in explicit or file is None else file.run_preset or "default"
+    values = {f.name: f.default for f in fields(TrainConfig)} | RUN_PRESETS[preset]
+    values |= (file.values if file is not None else {}) | typed
+    overrides = dict(file.loss_overrides) if file is not None else {}
+    overrides |= {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
     try:
         cfg = TrainConfig(**values)
     except ConfigError as exc:
-        parser.error(f"argument {_flag_of(exc.field)}: {exc}")
+        where = _flag_of(exc.field) if exc.field in typed or file is None else f"{exc.field} (--config {file.path})"
+        parser.error(f"argument {where}: {exc}")
+    if cfg.report_to != "none" and importlib.util.find_spec(cfg.report_to) is None:
+        name = cfg.report_to
+        parser.error(f"argument --report-to: {name!r} needs the {name} package: pip install {name} (the {name} extra)")
+    if cfg.reward:  # the functions imported and their signatures checked now (their values: before training)
+        from .rewards import RewardError, RewardFunctions
+
+        try:
+            RewardFunctions(cfg.reward)
+        except RewardError as exc:
+            parser.error(f"argument --reward: {exc}")
     try:
         cfg.loss_config(overrides)  # the --loss.FIELD values, with the RL layer's messages
     except (TypeError, ValueError) as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .fields import Check, ConfigError, OneOf, Range, check_field, field_specs, option
+from .rewards import check_reward_spec
 from .tasks import check_template, data_tasks, parse_levels, task_names, task_specs
 
 __all__ = [
@@ -35,6 +36,11 @@ def _non_empty(text: str) -> None:
 def _device(name: str) -> None:
     if not re.fullmatch(r"auto|cpu|mps|(cuda|npu|xpu)(:\d+)?", name):
         raise ValueError(f"device={name!r}: expected auto, cpu, cuda, cuda:N, mps, npu, npu:N, xpu or xpu:N")
+
+
+def _tis_cap(cap: float) -> None:
+    if not (cap == 0 or cap >= 1):
+        raise ValueError(f"tis_cap={cap!r}: expected 0 (off) or a cap >= 1 (a weight below 1 would only shrink)")
 
 
 def _data_file(path: str) -> None:
@@ -99,7 +105,9 @@ class TrainConfig:
     difficulty: str = option(
         "1,2,5", "arithmetic levels (LEVELS)", Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")
     )
-    data_path: str | None = option(None, "JSONL for gsm8k / math", Check(_data_file, "an existing JSONL file"))
+    data_path: str | None = option(
+        None, "JSONL for gsm8k / math / jsonl (also --data)", Check(_data_file, "an existing JSONL file")
+    )
     prompt_template: str | None = option(
         None,
         'the user message, with {question} where the problem goes; none: the task\'s ("{question} =" for arithmetic)',
@@ -116,7 +124,25 @@ class TrainConfig:
     max_new_tokens: int = option(12, "completion length limit (rollouts and evaluation)", Range(ge=1))
     temperature: float = option(0.7, "sampling temperature (the loss uses the same)", Range(gt=0))
     top_p: float = option(1.0, "nucleus sampling; 1 = off", Range(gt=0, le=1))
-    use_vllm: str = option("auto", "auto: vLLM when installed and on CUDA", OneOf("auto", "on", "off"))
+    use_vllm: str = option(
+        "auto",
+        "rollout engine: on = vLLM (refused, with the reason, when it cannot start), off = HF generate, auto = vLLM "
+        "when it is installed and starts on this device (CPU included), else HF generate (docs/rollouts.md)",
+        OneOf("auto", "on", "off"),
+    )
+    vllm_dtype: str = option(
+        "float32",
+        "the vLLM engine's weights and compute (float32 or bfloat16; measured in docs/rollouts.md)",
+        OneOf("float32", "bfloat16"),
+    )
+    vllm_kv_cache_gb: float = option(1.0, "the vLLM engine's KV cache, GiB (host memory on CPU)", Range(gt=0))
+    tis_cap: float = option(
+        3.0,
+        "truncated importance sampling of a vLLM rollout: each token's loss times min(pi_trainer / pi_sampler, "
+        "tis_cap), which corrects for the sampler/trainer mismatch; 0 = off (no effect with HF generate)",
+        Range(ge=0),
+        Check(_tis_cap, "0 (off) or a cap >= 1"),
+    )
     # optimization
     max_steps: int = option(30, "training steps (0: evaluate the initial policy only)", Range(ge=0))
     time_budget_s: float = option(0.0, "stop training (then evaluate, save) after this; 0 = no limit", Range(ge=0))
@@ -172,8 +198,20 @@ class TrainConfig:
     dtype: str = option("auto", "auto: fp32 on CPU, bf16 on GPU", OneOf(*DTYPES))
     device: str = option("auto", "auto: CUDA if any", Check(_device, "auto, cpu, cuda[:N], mps, npu[:N], xpu[:N]"))
     threads: int = option(0, "torch.set_num_threads; 0 = leave as is", Range(ge=0))
+    dist_timeout_s: float = option(
+        300.0,
+        "torchrun: a collective that waits longer than this fails the job, naming the rank that stopped answering",
+        Range(gt=0),
+    )
     backend: str | None = option(None, "sgrpo_kernels backend; none = auto", OneOf(None, *BACKENDS))
     format_reward_weight: float = option(0.0, "adds w * format_reward (a short, clean answer)", Range(ge=0))
+    reward: str | None = option(
+        None,
+        "reward functions, module:function[=weight], comma-separated (or --reward given again); each gets the "
+        "completions and the problem's fields and returns floats, like TRL's reward_funcs; the training reward is "
+        "their weighted sum (correctness and format name the built-in ones); none: the task's correctness",
+        Check(check_reward_spec, "module:function[=weight],..."),
+    )
     # evaluation and logging
     output_dir: str = option("runs/default", "metrics.jsonl, summary.json, checkpoint/", NonEmpty)
     resume: bool = option(
@@ -192,7 +230,13 @@ class TrainConfig:
     save_every: int = option(10, "checkpoint every k steps (also at the end, on signals, errors)", Range(ge=0))
     collapse_entropy: float = option(0.05, "collapse flag: mean entropy below this ...", Range(ge=0))
     collapse_window: int = option(3, "... for this many steps, every group's rewards all equal", Range(ge=1))
-    progress: bool = option(True, "tqdm progress bars")
+    progress: bool = option(True, "progress bars (plain lines when stderr is not a terminal)")
+    report_to: str = option(
+        "none",
+        "also log to a dashboard, with TRL's metric names (docs/trainer.md); metrics.jsonl is always written",
+        OneOf("none", "tensorboard", "trackio"),
+    )
+    save_model: bool = option(True, "write OUTPUT_DIR/model/, a Hugging Face folder of the trained policy, at the end")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -249,10 +293,14 @@ RESUME_SAFE = frozenset(
         "collapse_entropy",  # the collapse flag is a logged diagnostic only
         "collapse_window",
         "threads",
+        "dist_timeout_s",
         "output_dir",  # a run directory may be moved
         "resume",
         "overwrite",
         "step_guard",
+        "vllm_kv_cache_gb",  # the vLLM engine's cache size (its completions do not depend on it)
+        "report_to",  # where the metrics are also logged
+        "save_model",
     }
 )
 

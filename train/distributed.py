@@ -5,13 +5,74 @@ replicated: docs/trainer.md, "More than one device"."""
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from .errors import TrainError
+
+
+class PeerTimeout(TrainError):
+    """A collective waited longer than --dist-timeout-s: a rank stopped answering (stopped, hung or dead)."""
+
+
+class Heartbeat:
+    """Each rank bumps its counter in the job's key-value store (a connection of its own to torchrun's store) every
+    `interval` seconds from a daemon thread, so that after a collective timed out the ranks whose counter stands
+    still can be named: a SIGSTOPped or dead process stops all of its threads."""
+
+    def __init__(self, rank: int, world: int, timeout_s: float):
+        self.rank, self.world = rank, world
+        self.interval = max(0.2, min(5.0, timeout_s / 5))
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        self.store = None
+        if addr and port:
+            try:
+                wait = datetime.timedelta(seconds=max(2.0, 2 * self.interval))
+                store = dist.TCPStore(addr, int(port), world, is_master=False, timeout=wait)
+                self.store = dist.PrefixStore("sgrpo_heartbeat", store)
+            except (RuntimeError, ValueError, OSError):  # no store to reach: the timeout message names no rank
+                self.store = None
+        self.stopped = threading.Event()
+        if self.store is not None:
+            threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.store.add(str(self.rank), 1)
+            except (RuntimeError, OSError):
+                return
+            self.stopped.wait(self.interval)
+
+    def silent_ranks(self) -> list[int] | None:
+        """The other ranks whose counter did not move over three beats; None when the store cannot tell (it cannot
+        be reached: its host, rank 0 outside torchrun, may be the one stopped)."""
+        if self.store is None:
+            return None
+        try:
+            others = [r for r in range(self.world) if r != self.rank]
+            first = [self.store.add(str(r), 0) for r in others]
+            time.sleep(3 * self.interval)
+            return [r for r, n in zip(others, first) if self.store.add(str(r), 0) == n]
+        except (RuntimeError, OSError):
+            return None
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """A collective (gloo, nccl, DDP's reducer) that gave up waiting for its peers."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
 @dataclass(frozen=True)
@@ -20,6 +81,9 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     owns_group: bool = False  # this module initialized the default process group (and destroys it at the end)
+    timeout_s: float = 300.0  # --dist-timeout-s: how long a collective waits for the other ranks
+    heartbeat: Heartbeat | None = field(default=None, compare=False, repr=False)
+    failed: list = field(default_factory=list, compare=False, repr=False)  # the PeerTimeout once one was raised
 
     @property
     def enabled(self) -> bool:
@@ -34,7 +98,7 @@ class Dist:
         if not self.enabled:
             return t
         t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        self._wait(dist.all_reduce, t, op=dist.ReduceOp.SUM)
         return t / self.world
 
     def sum(self, t: Tensor) -> Tensor:
@@ -42,7 +106,7 @@ class Dist:
         if not self.enabled:
             return t
         t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        self._wait(dist.all_reduce, t, op=dist.ReduceOp.SUM)
         return t
 
     def cat(self, t: Tensor) -> Tensor:
@@ -50,7 +114,7 @@ class Dist:
         if not self.enabled:
             return t
         parts = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(parts, t.contiguous())
+        self._wait(dist.all_gather, parts, t.contiguous())
         return torch.cat(parts)
 
     def objects(self, obj) -> list:
@@ -58,7 +122,7 @@ class Dist:
         if not self.enabled:
             return [obj]
         out = [None] * self.world
-        dist.all_gather_object(out, obj)
+        self._wait(dist.all_gather_object, out, obj)
         return out
 
     def any(self, flag: bool) -> bool:
@@ -66,12 +130,45 @@ class Dist:
         if not self.enabled:
             return flag
         t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        self._wait(dist.all_reduce, t, op=dist.ReduceOp.MAX)
         return bool(t.item() > 0)
 
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            self._wait(dist.barrier)
+
+    def _wait(self, collective, *args, **kwargs) -> None:
+        """`collective(*args, **kwargs)`; its timeout becomes a PeerTimeout naming the silent ranks, and after one
+        every later collective fails at once (the emergency checkpoint's included: the group is broken)."""
+        if self.failed:
+            raise self.failed[0]
+        try:
+            collective(*args, **kwargs)
+        except RuntimeError as exc:
+            error = self.timeout_error(exc)
+            if error is None:
+                raise
+            raise error from None
+
+    def timeout_error(self, exc: BaseException) -> PeerTimeout | None:
+        """The PeerTimeout that explains `exc` when it is a collective's timeout (the first one, kept), else None."""
+        if self.failed:
+            return self.failed[0]
+        if not self.enabled or not is_timeout(exc):
+            return None
+        silent = self.heartbeat.silent_ranks() if self.heartbeat is not None else None
+        waited = f"rank {self.rank}: a collective waited longer than --dist-timeout-s {self.timeout_s:g}"
+        if silent:
+            who = ", ".join(f"rank {r}" for r in silent)
+            msg = f"{waited}: {who} stopped answering (stopped, hung or dead: its heartbeat stands still)"
+        elif silent is None:
+            msg = f"{waited}: the job's store cannot be reached either (rank 0 or the torchrun agent stopped answering)"
+        else:
+            msg = (f"{waited}, yet every rank is alive: a rank's work between collectives took longer than that; "
+                   "raise --dist-timeout-s")  # fmt: skip
+        error = PeerTimeout(f"{msg} ({str(exc).strip().splitlines()[0][:200]})")
+        self.failed.append(error)
+        return error
 
     @property
     def device(self) -> torch.device:
@@ -84,9 +181,10 @@ class Dist:
 ALONE = Dist()
 
 
-def from_env(device: str) -> Dist:
+def from_env(device: str, timeout_s: float = 300.0) -> Dist:
     """The job this process belongs to: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (initializing the default process
-    group: nccl when the run's device is CUDA, else gloo), or a job of one."""
+    group: nccl when the run's device is CUDA, else gloo, whose collectives give up after `timeout_s`), or a job of
+    one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return ALONE
@@ -96,8 +194,10 @@ def from_env(device: str) -> Dist:
         torch.cuda.set_device(local_rank)
     owns = not dist.is_initialized()
     if owns:
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    return Dist(rank=rank, world=world, local_rank=local_rank, owns_group=owns)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+    beat = Heartbeat(rank, world, timeout_s)
+    return Dist(rank=rank, world=world, local_rank=local_rank, owns_group=owns, timeout_s=timeout_s, heartbeat=beat)
 
 
 def shutdown(ctx: Dist) -> None:
@@ -106,6 +206,8 @@ def shutdown(ctx: Dist) -> None:
     with the GIL held; that destructor joins gloo's worker threads, and a worker still releasing a finished collective
     waits for the GIL: the process hangs at exit (seen in CI). The caller drops its references (train() clears the
     frames of a propagating exception); the collection here frees wrappers that only a reference cycle still holds."""
+    if ctx.heartbeat is not None:
+        ctx.heartbeat.stop()
     if ctx.owns_group and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()

@@ -30,11 +30,12 @@ def evaluate(
 ) -> dict:
     """Held-out greedy accuracy (with its standard error), and pass@k / maj@k from k samples at the train temperature
     on `k_subset` (default: the first `eval_k_problems` problems). Uses its own RNG (forked), so evaluating never
-    changes the training trajectory. A progress bar named `desc` counts the problems (greedy, then sampled) when
-    `cfg.progress`. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over ranks."""
+    changes the training trajectory. When `cfg.progress`, a bar named `desc` counts the problems (greedy), then
+    another the pass@k subset. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over
+    ranks."""
     k = cfg.eval_k
     subset = (problems[: cfg.eval_k_problems] if k_subset is None else k_subset) if k > 0 else []
-    bar = progress_bar(cfg.progress, len(problems) + len(subset), desc)
+    bar = progress_bar(cfg.progress, len(problems), desc)  # the problems evaluated; pass@k: a bar of its own
 
     def run(greedy: bool, n: int, probs) -> list[str]:
         texts = []
@@ -63,6 +64,9 @@ def evaluate(
                 ],
             }
             if k > 0:
+                if bar is not None:
+                    bar.close()
+                    bar = progress_bar(cfg.progress, len(subset), f"{desc}, pass@{k} of the first {len(subset)}")
                 sampled = run(False, k, subset) if subset else []
                 groups = [sampled[i * k : (i + 1) * k] for i in range(len(subset))]
                 right = correctness_rewards(sampled, [p.answer for p in subset for _ in range(k)])

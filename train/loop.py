@@ -25,6 +25,7 @@ from .config import TrainConfig
 from .distributed import Dist, from_env, shutdown
 from .errors import Refused
 from .evaluate import compare_heldout, heldout_eval
+from .export import export_model, folder_mb
 from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
@@ -124,6 +125,7 @@ def run_to_end(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, ba
         if state.pending:
             run_phase(cfg, run, state, log, bar)
         elif state.step < cfg.max_steps and not run.dist.any(over_budget(cfg, state, t_train)):
+            bar.begin()  # the bar's clock starts with training, after the evaluation before it
             run_step(cfg, run, state)
         elif not state.finished:  # training is over: checkpoint it (unless just done), the final eval, checkpoint
             state.pending = (["save"] if state.saved_step != state.step else []) + ["after", "save"]
@@ -187,7 +189,8 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
         if state.finished and state.step >= cfg.max_steps and not state.pending:
             print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
         stopped_by = None
-        with MetricsLog(run.out_dir / "metrics.jsonl", keep) if ctx.is_main else NullLog(keep) as log:
+        metrics = run.out_dir / "metrics.jsonl"
+        with MetricsLog(metrics, keep, cfg.report_to, dataclasses.asdict(cfg)) if ctx.is_main else NullLog(keep) as log:
             bar = TrainBar(cfg.progress, cfg.max_steps, cfg.time_budget_s, state.step, run.loss_cfg.name)
             try:
                 run_to_end(cfg, run, state, log, bar)
@@ -199,6 +202,9 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
                 stopped_by = signal_name(exc)
             finally:
                 bar.close()
+        if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:
+            folder = export_model(run.model, run.tok, run.out_dir)  # OUTPUT_DIR/model/, a Hugging Face folder
+            print(f"model: {folder} ({folder_mb(folder):.1f} MiB; AutoModelForCausalLM.from_pretrained loads it)")
         summary = write_summary(cfg, run, state, stopped_by, t_start)
     print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")
     return summary
@@ -212,7 +218,7 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     Under torchrun (WORLD_SIZE > 1) every rank runs this: data-parallel over whole groups, rank 0 writes the files,
     the other ranks print nothing (docs/trainer.md, "More than one device")."""
     t_start = time.time()
-    ctx = from_env(cfg.device)
+    ctx = from_env(cfg.device, cfg.dist_timeout_s)
     try:
         if ctx.enabled:
             check_world(cfg, ctx)
@@ -229,6 +235,9 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         # keeps them, for a post-mortem debugger)
         if ctx.enabled:
             traceback.clear_frames(exc.__traceback__)
+            timed_out = ctx.timeout_error(exc)  # a collective's timeout (DDP's included): name the silent rank
+            if timed_out is not None and timed_out is not exc:
+                raise timed_out from None
         raise
     finally:
         shutdown(ctx)

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -176,6 +177,13 @@ def decoder(model) -> torch.nn.Module:
     """The transformer stack without the LM head (works through a peft wrapper)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_decoder()
+
+
+def cache_kwargs(model, cache) -> dict:
+    """The keyword that hands a KV cache to this model's forward and generate: `cache` where transformers renamed it
+    (5.2x: `past_key_values` then warns that it is deprecated, once per call site), `past_key_values` before."""
+    forward = type(decoder(model)).forward
+    return {"cache" if "cache" in inspect.signature(forward).parameters else "past_key_values": cache}
 
 
 def head_weight(model) -> Tensor:

@@ -14,7 +14,7 @@ from sgrpo_kernels import linear_logprobs
 from sgrpo_kernels.integrations.hf import lm_head
 
 from .distributed import Dist
-from .model import decoder
+from .model import cache_kwargs, decoder
 from .rollout import Batch
 
 
@@ -42,7 +42,11 @@ def policy_hidden_grouped(
     pos_p = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=dec.config)
     out = dec(
-        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos_p, past_key_values=cache, use_cache=True
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=pos_p,
+        use_cache=True,
+        **cache_kwargs(model, cache),
     )
     first = out.last_hidden_state[:, -1:].repeat_interleave(group_size, 0)  # [N, 1, D]
     if t == 1:
@@ -54,7 +58,7 @@ def policy_hidden_grouped(
         input_ids=completion_ids[:, :-1],
         attention_mask=mask[:, :-1],
         position_ids=pos_c,
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
     ).last_hidden_state  # [N, T-1, D]
     return torch.cat([first, rest], 1)

@@ -127,5 +127,7 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
         "peak_mem_mb": peak_mem_mb(run.device),
         "train_peak_mem_mb": train_peak_mem_mb(run.device),
         "sample": batch.texts[0],
+        "rollout_engine": run.engine.name,  # "hf" or "vllm"
+        "rollout_logp_diff": update.rollout_logp_diff,  # mean |sampler - trainer| logp; null without sampler logps
     }
     return run.features.record(record)

@@ -12,7 +12,12 @@ batch, the code in parallel.
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
+import math
+import os
 import re
+import sys
 from fractions import Fraction
 
 from .sandbox import FunctionCheck, Limits, run_check, run_many
@@ -78,11 +83,53 @@ def answers_match(predicted: str | None, truth: str | int | float) -> bool:
     return predicted.strip() == str(truth).strip()
 
 
+class RowAnswer(str):
+    """The ground truth of a `--task jsonl` problem: the row's answer text ("" when the row has none), with the whole
+    row (`fields`, what reward functions receive) and the prompt. A row without an answer is graded by the reward
+    functions (`grader`): correct when their weighted sum is > 0."""
+
+    def __new__(cls, answer: str, fields: dict, prompt: str, grader=None):
+        self = super().__new__(cls, answer)
+        self.fields, self.prompt, self.grader = fields, prompt, grader
+        return self
+
+
+class MathAnswer(str):
+    """The ground truth of a `--task math` problem: graded with math-verify (symbolic equality: 1/2 = 0.5 = \\frac12,
+    sets, intervals, ...) when it is installed, and by `answers_match` (numbers, else strings) either way: a completion
+    is correct when either says so."""
+
+
+@functools.cache
+def _math_verify():
+    try:
+        import math_verify
+    except ImportError:
+        return None
+    return math_verify
+
+
+def math_verified(completion: str, truth: str) -> bool | None:
+    """math-verify's verdict (the gold answer is read as \\boxed{truth}), or None when it is not installed."""
+    mv = _math_verify()
+    if mv is None:
+        return None
+    try:
+        gold, pred = mv.parse(f"\\boxed{{{truth}}}"), mv.parse(completion)
+        return bool(gold and pred and mv.verify(gold, pred))
+    except Exception:  # noqa: BLE001 -- a parse or comparison it cannot do: not verified
+        return False
+
+
 def correctness_reward(completion: str, truth: str | int | float) -> float:
     """1.0 when the extracted answer equals `truth` (for a `CodeTests` truth: when the completion's function passes
-    its tests in the sandbox), else 0.0."""
+    its tests in the sandbox; for an answer-less `RowAnswer`: when its reward functions sum to > 0), else 0.0."""
+    if isinstance(truth, RowAnswer) and truth.grader is not None:
+        return float(truth.grader([completion], [truth.prompt], [truth.fields])[0] > 0)
     if isinstance(truth, CodeTests):
         return float(run_check(truth.function_check(completion), truth.limits).passed)
+    if isinstance(truth, MathAnswer) and math_verified(completion, truth):
+        return 1.0
     return float(answers_match(extract_answer(completion), truth))
 
 
@@ -93,7 +140,17 @@ def correctness_rewards(
     a time (default: min(8, CPU count))."""
     if len(completions) != len(truths):
         raise ValueError(f"completions and truths: {len(completions)} vs {len(truths)} items; expected as many")
-    out = [0.0 if isinstance(t, CodeTests) else correctness_reward(c, t) for c, t in zip(completions, truths)]
+    graded = [i for i, t in enumerate(truths) if isinstance(t, RowAnswer) and t.grader is not None]
+    skip = {*graded, *(i for i, t in enumerate(truths) if isinstance(t, CodeTests))}
+    out = [0.0 if i in skip else correctness_reward(c, t) for i, (c, t) in enumerate(zip(completions, truths))]
+    by_grader: dict[int, list[int]] = {}
+    for i in graded:
+        by_grader.setdefault(id(truths[i].grader), []).append(i)
+    for idx in by_grader.values():  # one call per batch of each grader
+        grader = truths[idx[0]].grader
+        totals = grader([completions[i] for i in idx], [truths[i].prompt for i in idx], [truths[i].fields for i in idx])
+        for i, total in zip(idx, totals):
+            out[i] = float(total > 0)
     code = [i for i, t in enumerate(truths) if isinstance(t, CodeTests)]
     by_limits: dict[Limits, list[int]] = {}
     for i in code:
@@ -163,3 +220,135 @@ def format_reward(completion: str) -> float:
     reply), else 0.0. Used only when `format_reward_weight > 0`."""
     text = completion.strip()
     return float(bool(re.fullmatch(r"(?:.{0,40}(?:=|is|:)\s*)?-?[\d,]*\.?\d+\.?", text, flags=re.DOTALL)))
+
+
+# ------------------------------------------------------------------------------------------- the user's rewards
+# `--reward module:function[=weight],...`: reward functions called as TRL calls its `reward_funcs`:
+# `function(completions=[...], prompts=[...], **fields) -> list[float]`, one float per completion, where each of the
+# problem's fields (a JSONL row's keys; a built-in task's question and answer) is a list with the completions' values.
+
+
+class RewardError(ValueError):
+    """A reward reference that cannot be used: the message names it and says why."""
+
+
+def _builtin_correctness(completions: list[str], answer: list, **_) -> list[float]:
+    return correctness_rewards(completions, answer)
+
+
+def _builtin_format(completions: list[str], **_) -> list[float]:
+    return [format_reward(c) for c in completions]
+
+
+BUILTIN_REWARDS = {"correctness": _builtin_correctness, "format": _builtin_format}
+_REF = re.compile(r"^(?:(?P<module>[A-Za-z_][\w.]*):(?P<function>[A-Za-z_]\w*)|(?P<builtin>[a-z_]+))(?:=(?P<w>.+))?$")
+
+
+def parse_reward_spec(text: str) -> list[tuple[str, float]]:
+    """'mod:fn=0.5,correctness' -> [('mod:fn', 0.5), ('correctness', 1.0)]; syntax only (nothing is imported). A
+    malformed item raises RewardError naming it."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        m = _REF.match(item)
+        if not m or (m["builtin"] and m["builtin"] not in BUILTIN_REWARDS):
+            raise RewardError(
+                f"reward {item!r}: expected module:function[=weight] (a function in an importable module) or one of "
+                f"the built-in {', '.join(BUILTIN_REWARDS)}"
+            )
+        weight = 1.0
+        if m["w"] is not None:
+            try:
+                weight = float(m["w"])
+            except ValueError:
+                weight = math.nan
+            if not math.isfinite(weight):
+                raise RewardError(f"reward {item!r}: weight {m['w']!r}: expected a finite number")
+        out.append((item.split("=")[0], weight))
+    names = [n for n, _ in out]
+    if len(set(names)) < len(names):
+        raise RewardError(f"reward {text!r}: a function named twice; give it once with its weight")
+    return out
+
+
+def check_reward_spec(text: str) -> None:
+    parse_reward_spec(text)
+
+
+def load_reward_function(name: str):
+    """The function of 'module:function' (imported), or a built-in's; RewardError naming it and the reason."""
+    if name in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[name]
+    module_name, _, function = name.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` has it, also for the console scripts
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RewardError(f"reward {name!r}: cannot import module {module_name!r} ({exc}); it must be importable "
+                          "from the current directory or the Python path") from None  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 -- the user's module failed while importing
+        raise RewardError(f"reward {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, function, None)
+    if fn is None:
+        raise RewardError(f"reward {name!r}: module {module_name!r} has no attribute {function!r}")
+    if not callable(fn):
+        raise RewardError(f"reward {name!r}: {function!r} is a {type(fn).__name__}, not a function")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn
+    names = {p.name for p in params}
+    if "completions" not in names and not any(p.kind is p.VAR_KEYWORD for p in params):
+        raise RewardError(
+            f"reward {name!r}: signature {function}{inspect.signature(fn)} takes no `completions`; expected "
+            "def f(completions, **kwargs) -> list[float] (TRL's reward_funcs signature)"
+        )
+    return fn
+
+
+class RewardFunctions:
+    """The weighted sum of reward functions (`--reward`), called once per batch. `check` calls each on one completion
+    of a real problem before training, so that a wrong signature or return value is refused then."""
+
+    def __init__(self, spec: str):
+        self.refs = parse_reward_spec(spec)
+        self.functions = [(name, load_reward_function(name), w) for name, w in self.refs]
+        self._last: tuple | None = None  # (key, result): the training step scores a batch once, whoever asks
+
+    def __call__(self, completions: list[str], prompts: list[str], rows: list[dict]) -> list[float]:
+        """The weighted sum per completion (rows[i]: completion i's problem fields)."""
+        key = (tuple(completions), tuple(map(id, rows)))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
+        for key in ("prompt", "completion", "completions"):  # as TRL: the prompt is `prompts`, not a field
+            columns.pop(key, None)
+        columns["prompts"] = list(prompts)
+        total = [0.0] * len(completions)
+        for name, fn, w in self.functions:
+            try:
+                values = fn(completions=list(completions), **columns)
+            except TypeError as exc:
+                raise RewardError(
+                    f"reward {name!r}: calling it with completions= and the problem's fields "
+                    f"({', '.join(columns)}) failed: {exc}"
+                ) from None
+            if not isinstance(values, (list, tuple)) or len(values) != len(completions):
+                got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+                raise RewardError(f"reward {name!r}: returned {got}; expected a list of {len(completions)} floats")
+            for i, v in enumerate(values):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise RewardError(
+                        f"reward {name!r}: completion {i}: {v!r}; expected a finite float (completion "
+                        f"{completions[i][:60]!r})"
+                    )
+                total[i] += w * float(v)
+        self._last = (key, total)
+        return total
+
+    def check(self, prompt: str, row: dict) -> None:
+        """Call every function on two completions of a real problem (the empty one and "0"), so that a wrong signature,
+        return type or length, or a non-finite value is refused before training; RewardError if any fails."""
+        self._last = None
+        self(["", "0"], [prompt] * 2, [row] * 2)
+        self._last = None

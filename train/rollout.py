@@ -1,7 +1,8 @@
 """Rollouts: G sampled completions per prompt, tokenized for the loss, plus rewards; the `Batch` they make.
 
-HF `generate` on any device; a vLLM engine on CUDA when vllm is installed (its weights are synced from the trainer
-after each optimizer step, and log-probs are always recomputed by the trainer, never taken from vLLM).
+The completions come from a rollout engine (train/engines/: HF generate on the trainer's model, or vLLM, whose weights
+follow the trainer's after every optimizer step). The loss always recomputes the log-probs with the trainer's
+forward; the sampler's own log-probs (vLLM's) are kept in the batch to measure and correct the mismatch.
 """
 
 from __future__ import annotations
@@ -12,9 +13,24 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .model import decoder
+from .engines import HFEngine, RolloutEngine
+from .engines.hf import eos_ids, hf_generate, shared_prompt_cache
 from .rewards import correctness_rewards, extract_answer, format_reward
 from .tasks import Problem
+
+__all__ = [  # hf_generate, shared_prompt_cache, eos_ids: the HF engine's, importable from here as they always were
+    "Batch",
+    "Sampling",
+    "chat_prompts",
+    "completion_mask",
+    "concat_batches",
+    "eos_ids",
+    "hf_generate",
+    "majority",
+    "rollout",
+    "score",
+    "shared_prompt_cache",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,7 @@ class Batch:
     texts: list[str]
     rewards: Tensor  # (N,) float32
     correct: Tensor  # (N,) bool
+    sampler_logp: Tensor | None = None  # (N, T) float32 the sampler's log-probs of completion_ids (vLLM); None: HF
 
 
 def chat_prompts(tokenizer, problems: list[Problem], system_prompt: str | None) -> list[str]:
@@ -69,104 +86,6 @@ def completion_mask(ids: Tensor, eos_ids: set[int]) -> Tensor:
         is_eos |= ids == e
     after = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first EOS
     return ~after
-
-
-def eos_ids(tokenizer, model) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif isinstance(gen_eos, list):
-        ids.update(gen_eos)
-    return {i for i in ids if i is not None}
-
-
-def shared_prompt_cache(model, ids: Tensor, mask: Tensor, n: int):
-    """The KV cache of every prompt but its last token, computed once per prompt and repeated `n` times: generate
-    then samples the n completions of a prompt without running the prompt n times (for G = 8 and a 27-token prompt
-    that halves the rollout's compute). Positions follow the left padding, as generate's own would; the completions
-    are the ones generate gives without the shared cache (same numbers; tested)."""
-    from transformers import DynamicCache
-
-    dec = decoder(model)
-    cache = DynamicCache(config=dec.config)
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
-    dec(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=position_ids[:, :-1],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    cache.batch_repeat_interleave(n)
-    return cache
-
-
-@torch.no_grad()
-def hf_generate(
-    model,
-    tokenizer,
-    prompts: list[str],
-    n: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    greedy: bool = False,
-    share_prompts: bool = True,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS.
-    With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times."""
-    device = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-    was_training = model.training
-    model.eval()
-    cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
-    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    kwargs = (
-        {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-    )
-    if cache is not None:
-        kwargs["past_key_values"] = cache
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=sorted(eos_ids(tokenizer, model)),
-        **kwargs,
-    )
-    model.train(was_training)
-    return ids, mask, out[:, ids.shape[1] :]
-
-
-class VLLMEngine:
-    """Rollouts from vLLM (CUDA only). Weights are pushed from the trainer's model after every optimizer step."""
-
-    def __init__(self, model, model_path: str, gpu_memory_utilization: float = 0.3):
-        from vllm import LLM  # optional dependency
-
-        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
-        self.sync(model)
-
-    def sync(self, model) -> None:
-        state = model.get_base_model().state_dict() if hasattr(model, "get_base_model") else model.state_dict()
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        runner.model.load_weights(state.items())
-
-    def generate(
-        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False
-    ) -> list[list[int]]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(n=n, max_tokens=max_new_tokens, temperature=0.0 if greedy else temperature, top_p=top_p)
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [list(c.token_ids) for o in outs for c in o.outputs]
-
-
-def _pad_right(rows: list[list[int]], pad: int, device) -> Tensor:
-    width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
 
 
 def score(texts: list[str], answers: list[str], format_weight: float) -> tuple[Tensor, Tensor]:
@@ -189,29 +108,23 @@ def rollout(
     system_prompt: str | None = None,
     format_weight: float = 0.0,
     greedy: bool = False,
-    engine: VLLMEngine | None = None,
+    engine: RolloutEngine | None = None,
 ) -> Batch:
+    """`group_size` completions of each problem from `engine` (None: HF generate on `model`), scored."""
+    engine = HFEngine(model, tokenizer) if engine is None else engine
     prompts = chat_prompts(tokenizer, problems, system_prompt)
-    eos = eos_ids(tokenizer, model)
-    if engine is None:
-        p_ids, p_mask, c_ids = hf_generate(
-            model, tokenizer, prompts, group_size, max_new_tokens, temperature, top_p, greedy
-        )
-    else:
-        device = next(model.parameters()).device
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        p_ids = enc["input_ids"].repeat_interleave(group_size, 0).to(device)
-        p_mask = enc["attention_mask"].repeat_interleave(group_size, 0).to(device)
-        c_ids = _pad_right(
-            engine.generate(prompts, group_size, max_new_tokens, temperature, top_p, greedy),
-            tokenizer.pad_token_id,
-            device,
-        )
-    c_mask = completion_mask(c_ids, eos)
+    device = next(model.parameters()).device
+    out = engine.generate(prompts, group_size, max_new_tokens, temperature, top_p, greedy)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    p_ids = enc["input_ids"].to(device).repeat_interleave(group_size, 0)
+    p_mask = enc["attention_mask"].to(device).repeat_interleave(group_size, 0)
+    c_ids = out.completion_ids.to(device)
+    c_mask = completion_mask(c_ids, eos_ids(tokenizer, model))
     texts = tokenizer.batch_decode(torch.where(c_mask, c_ids, tokenizer.pad_token_id), skip_special_tokens=True)
     answers = [p.answer for p in problems for _ in range(group_size)]
     rewards, correct = score(texts, answers, format_weight)
-    return Batch(p_ids, p_mask, c_ids, c_mask, texts, rewards, correct)
+    sampler_logp = None if out.logprobs is None else out.logprobs.to(device)
+    return Batch(p_ids, p_mask, c_ids, c_mask, texts, rewards, correct, sampler_logp)
 
 
 def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
@@ -233,6 +146,9 @@ def concat_batches(batches: list[Batch], pad_id: int) -> Batch:
         texts=[t for b in batches for t in b.texts],
         rewards=torch.cat([b.rewards for b in batches]),
         correct=torch.cat([b.correct for b in batches]),
+        sampler_logp=None
+        if any(b.sampler_logp is None for b in batches)
+        else torch.cat([pad(b.sampler_logp, c_width, 0.0, False) for b in batches]),
     )
 
 

@@ -16,11 +16,12 @@ from sgrpo_kernels.rl import LossConfig
 
 from .config import TrainConfig
 from .distributed import ALONE, Dist
+from .engines import RolloutEngine, make_engine
 from .features import Features, build_features
 from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
 from .policy import data_parallel
 from .probe import kl_probe
-from .rollout import Sampling, VLLMEngine
+from .rollout import Sampling
 from .run.metrics import write_json
 from .tasks import TASK_OPTIONS, make_task
 
@@ -55,7 +56,7 @@ class Run:
     params: list[torch.nn.Parameter]  # the trained ones
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    engine: VLLMEngine | None
+    engine: RolloutEngine  # HF generate or vLLM (train/engines/); `engine.name` is the records' rollout_engine
     task: object
     task_rng: random.Random  # draws each step's problems; saved in checkpoints
     heldout: list
@@ -63,6 +64,7 @@ class Run:
     dist: Dist = ALONE  # this process's place in a torchrun job
     probe: dict | None = None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
     features: Features = field(default_factory=lambda: Features([]))
+    tis_cap: float = 0.0  # truncated importance sampling of a vLLM rollout's loss (0 = off; train/update.py)
 
     @property
     def system_prompt(self) -> str | None:
@@ -119,7 +121,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     )
-    engine = rollout_engine(cfg, model, device)
+    engine = make_engine(cfg, model, tok, device, ctx)
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
     sampling = Sampling.of(cfg, system_prompt, format_weight=cfg.format_reward_weight)
@@ -143,21 +145,10 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         heldout=task.heldout(cfg.eval_problems, cfg.seed),
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
+        tis_cap=cfg.tis_cap,
     )
     run.features = build_features(cfg, run)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)
     if ctx.enabled:  # rollouts differ across ranks (a run of one process keeps the stream it always had)
         torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
     return run
-
-
-def rollout_engine(cfg: TrainConfig, model, device: torch.device) -> VLLMEngine | None:
-    """vLLM for the rollouts when asked (`on`), or by default on CUDA without LoRA; None = HF generate."""
-    if cfg.use_vllm == "on" or (cfg.use_vllm == "auto" and device.type == "cuda" and not cfg.lora):
-        try:
-            return VLLMEngine(model, cfg.model)
-        except Exception as exc:  # noqa: BLE001 -- vllm missing or unable to start: fall back to HF generate
-            if cfg.use_vllm == "on":
-                raise
-            print(f"vLLM unavailable ({type(exc).__name__}); using HF generate")
-    return None

@@ -20,10 +20,10 @@ from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.rl import GroupSignals
+from sgrpo_kernels.rl import GroupSignals, logp_mismatch, truncated_importance_weights
 
 from .distributed import Dist
-from .policy import completion_targets, reference_logprobs
+from .policy import completion_targets, reference_logprobs, token_logprobs
 from .rollout import Batch
 from .run.signals import STOP
 
@@ -35,6 +35,8 @@ class Update:
     metrics: dict[str, Tensor] | None = None  # sgrpo_loss metrics of the last pass (also a skipped one)
     grad_norm: float = math.nan  # pre-clip norm of the last pass that got a gradient; nan when none did
     skipped: int = 0  # passes whose update was dropped (non-finite loss, gradient, or weights after the step)
+    rollout_logp_diff: float | None = None  # mean |sampler - trainer| log-prob of the sampled tokens; None: no
+    # sampler log-probs (HF generate samples from the trainer's own forward)
     notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
     applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
 
@@ -68,10 +70,35 @@ def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float
     return None
 
 
-def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], bool | None]):
+def sampler_correction(run, batch: Batch, groups: GroupSignals, inputs: dict, check, update: Update) -> dict:
+    """The groups' loss keyword arguments, with the sampler/trainer mismatch of a vLLM rollout measured
+    (`update.rollout_logp_diff`) and, with `tis_cap`, corrected: each token's loss weighted by the truncated
+    importance ratio min(pi_trainer / pi_sampler, tis_cap) (TIS), pi_trainer the policy before this batch's update
+    (the PPO epochs' old log-probs when they are computed anyway, else one forward-only pass)."""
+    kwargs = groups.loss_kwargs()
+    if batch.sampler_logp is None:
+        return kwargs
+    trainer = inputs.get("old_logp")
+    if trainer is None:
+        g = run.sampling.group_size
+        trainer = token_logprobs(run.model, batch, run.sampling.temperature, run.backend, g, check())
+    sampler = batch.sampler_logp.to(trainer.device)
+    update.rollout_logp_diff = float(logp_mismatch(trainer, sampler, batch.completion_mask))
+    if run.tis_cap:
+        w = truncated_importance_weights(trainer, sampler, batch.completion_mask, run.tis_cap)
+        tw = kwargs["token_weights"]
+        if run.loss_cfg.conflict_count_norm and kwargs["conflict_counts"] is None:  # counted from the conflict
+            ones = torch.ones_like(w) if tw is None else tw.detach()  # weights alone (!= 1), before TIS joins them
+            kwargs["conflict_counts"] = (batch.completion_mask & (ones != 1)).sum(dim=1)
+        kwargs["token_weights"] = w if tw is None else tw * w
+    return kwargs
+
+
+def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], bool | None], update: Update):
     """The batch's loss as a function of the current weights, `forward_loss(check_targets) -> (loss, metrics)`. What
     does not change between passes is computed here once: the targets, the features' loss inputs (old-policy
-    log-probs), the reference's log-probs (KL presets) and this rank's loss scale."""
+    log-probs), the reference's log-probs (KL presets), the sampler correction of a vLLM rollout and this rank's loss
+    scale."""
     targets = completion_targets(batch)
     inputs = run.features.loss_inputs(batch, check)  # e.g. old_logp of the behaviour policy (PPO epochs)
     if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
@@ -80,6 +107,7 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             run.model, run.ref_model, batch, run.sampling.temperature, run.backend, g, check()
         )
     scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
+    group_kwargs = sampler_correction(run, batch, groups, inputs, check, update)
 
     def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
         # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
@@ -94,7 +122,7 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             run.loss_cfg,
             temperature=run.sampling.temperature,
             **inputs,
-            **groups.loss_kwargs(),  # token_weights, conflict_counts, rewards, group_size
+            **group_kwargs,  # token_weights (x the TIS weights), conflict_counts, rewards, group_size
             compute_entropy=True,
             backend=run.backend,
             check_targets=check_targets,
@@ -148,7 +176,7 @@ def policy_update(run, batch: Batch, groups: GroupSignals, update: Update, step:
     `update` is filled in as it goes: after an exception, `update.applied` says whether the weights moved."""
     check = itertools.chain([None], itertools.repeat(False)).__next__  # None: env SGRPO_CHECK_TARGETS (default on)
     run.features.before_update()
-    forward_loss = loss_function(run, batch, groups, check)
+    forward_loss = loss_function(run, batch, groups, check, update)
     run.model.train()
     epochs = run.features.epochs
     for epoch in range(epochs):

@@ -25,6 +25,8 @@ What changes against `GRPOTrainer` (README, "Use with TRL"):
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -33,7 +35,7 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.rl import LossConfig, prepare_groups, preset_with, sgrpo_loss
+from sgrpo_kernels.rl import LossConfig, parse_overrides, prepare_groups, preset, preset_with, sgrpo_loss
 
 __all__ = ["SGRPOConfig", "SGRPOTrainer", "loss_config"]
 
@@ -52,14 +54,49 @@ class SGRPOConfig(GRPOConfig):
     sgrpo_preset: str = field(default="s_grpo", metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, ...)"})
     sgrpo_loss: str = field(default="", metadata={"help": 'LossConfig overrides on the preset, "field=value,..."'})
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        loss_config(self)  # a bad preset or override is refused here, not when the trainer is built
+
+
+def _bounds(base: LossConfig, name: str) -> str | None:
+    """What a numeric LossConfig field accepts, in LossConfig's own words ("a finite number >= 0.0 and < 1.0"), found
+    by building it with a huge negative and a huge positive value; None when the field takes no number."""
+    found = []
+    for probe in (-1e300, 1e300):
+        try:
+            dataclasses.replace(base, **{name: probe})
+        except TypeError:
+            return None  # not a number field
+        except ValueError as exc:
+            found += re.findall(rf"LossConfig\.{re.escape(name)} must be ([<>]=? [^,\s]+), got", str(exc))
+    return "a finite number" + (" " + " and ".join(found) if found else "")
+
+
+def _refusal(args: SGRPOConfig, exc: Exception) -> str:
+    """`exc` of building the LossConfig, said with the SGRPOConfig field, the value given and what is accepted."""
+    where = f"SGRPOConfig(sgrpo_preset={args.sgrpo_preset!r}, sgrpo_loss={args.sgrpo_loss!r})"
+    named = re.match(r"LossConfig\.(\w+) must be", str(exc))
+    try:
+        given = parse_overrides(args.sgrpo_loss)
+        base = preset(args.sgrpo_preset)
+    except (TypeError, ValueError):
+        return f"{where}: {exc}"
+    if named is None or named.group(1) not in given:
+        return f"{where}: {exc}"
+    name = named.group(1)
+    expected = _bounds(base, name)
+    if expected is None:
+        return f"{where}: sgrpo_loss {name}={given[name]!r} refused: {exc}"
+    return f"{where}: sgrpo_loss {name}={given[name]!r} refused: expected {expected}"
+
 
 def loss_config(args: SGRPOConfig) -> LossConfig:
     """The LossConfig an SGRPOConfig asks for; a clear error for what TRL cannot serve."""
     try:
         cfg = preset_with(args.sgrpo_preset, args.sgrpo_loss)
     except (TypeError, ValueError) as exc:
-        what = f"SGRPOConfig(sgrpo_preset={args.sgrpo_preset!r}, sgrpo_loss={args.sgrpo_loss!r})"
-        raise ValueError(f"{what}: {exc}") from None
+        raise ValueError(_refusal(args, exc)) from None
     if cfg.entropy_filter == "adaptive":
         raise ValueError(
             f"SGRPOConfig: entropy_filter='adaptive' needs each training micro-batch to hold whole groups with their "

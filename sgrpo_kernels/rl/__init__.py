@@ -16,6 +16,7 @@ from sgrpo_kernels.rl.entropy import (
 )
 from sgrpo_kernels.rl.fused import sgrpo_loss
 from sgrpo_kernels.rl.loss import metrics_to_floats, policy_loss
+from sgrpo_kernels.rl.mismatch import logp_mismatch, truncated_importance_weights
 
 __all__ = [
     "ADVANTAGE_METHODS",
@@ -34,6 +35,7 @@ __all__ = [
     "conflict_weights",
     "entropy_threshold",
     "group_advantages",
+    "logp_mismatch",
     "metrics_to_floats",
     "parse_overrides",
     "policy_loss",
@@ -42,4 +44,5 @@ __all__ = [
     "preset_with",
     "sgrpo_loss",
     "top_entropy_mask",
+    "truncated_importance_weights",
 ]

@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +36,26 @@ def metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
     if not metrics:
         return {}
     values = torch.stack([v.detach().to(torch.float64).reshape(()) for v in metrics.values()]).tolist()
-    return dict(zip(metrics, values))
+    out = dict(zip(metrics, values))
+    frac = metrics.get("filtered_frac")
+    if frac is not None and frac.device.type != "cpu":  # (on the CPU the loss itself warned: it costs no sync there)
+        warn_if_all_filtered(out["filtered_frac"], None, stacklevel=3)
+    return out
+
+
+def warn_if_all_filtered(filtered_frac: float, entropy_filter: object, stacklevel: int) -> None:
+    """A UserWarning when the entropy filter removed every (non-empty) completion: the loss is then 0, with no policy
+    gradient, which looks like a quiet batch rather than a filter set too low."""
+    if filtered_frac >= 1.0:
+        which = f" ({entropy_filter!r})" if entropy_filter is not None else ""
+        warnings.warn(
+            f"the entropy filter{which} removed every completion of the batch (filtered_frac 1.0): the policy loss "
+            "is 0 and has no gradient. A completion is kept when its mean token entropy is at most the threshold; ln 2 "
+            "removes nearly every completion of a fresh model (and of random hidden states). Use a threshold from "
+            "the batch, entropy_filter='quantile:0.75', or entropy_filter=None",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- the terms
@@ -326,7 +347,18 @@ def policy_loss(
     k3_valid = _k3(config, x.lp.detach(), ref) if ref is not None else None
     metrics = _metrics(config, x, loss, pg_loss, entropy_loss, ratio_valid, ratio.detach(), a, adv, active, keep, dual,
                        w, k3_valid, thr)
+    if config.entropy_filter is not None and keep.device.type == "cpu":  # free on the CPU; elsewhere: metrics_to_floats
+        warn_if_all_filtered(float(metrics["filtered_frac"]), config.entropy_filter, stacklevel=_caller_level())
     return loss, metrics
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside the RL layer and the fused loss (the user's call: a warning shows
+    once per call site)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("sgrpo_kernels.rl"):
+        frame, level = frame.f_back, level + 1
+    return level + 1
 
 
 def _metrics(config: LossConfig, x: _Batch, loss: Tensor, pg_loss: Tensor, entropy_loss: Tensor, ratio_valid: Tensor,

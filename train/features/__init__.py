@@ -17,6 +17,7 @@ from ..features import (
     ppo_epochs,
     step_guard,
     trust_region,
+    user_reward,
 )
 from ..features.base import Feature, Features
 
@@ -27,6 +28,7 @@ Factory = Callable[[object, object], Feature | None]
 # Hook order: rewards are rescored before dynamic sampling judges them; the trust region projects a step before the
 # step guard checks it; the collapse flag reads the finished record.
 FACTORIES: list[Factory] = [
+    user_reward.from_run,  # --reward: the training reward is the user's functions' (before anything reads it)
     dense_reward.from_run,
     dynamic_sampling.from_run,
     ppo_epochs.from_run,

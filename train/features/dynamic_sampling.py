@@ -40,6 +40,7 @@ def select_groups(batch: Batch, groups: list[int], group_size: int) -> Batch:
         [batch.texts[i] for i in rows],
         take(batch.rewards),
         take(batch.correct),
+        None if batch.sampler_logp is None else take(batch.sampler_logp),
     )
 
 

@@ -13,8 +13,10 @@ the previous file, which stays intact until the new one is complete.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
+import stat
 from pathlib import Path
 
 import torch
@@ -66,10 +68,19 @@ def atomic_save(obj, file: Path) -> None:
 def safe_load(file: Path, what: str) -> dict:
     """torch.load(weights_only=True) of a dict: tensors, numbers, strings, lists, tuples, dicts; anything else (a
     pickled object, a torn or foreign file) is a CheckpointError naming the file. Nothing in the file is executed."""
+    # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened so, it is refused by fstat
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # FileNotFoundError: the caller's
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a special file"
+            raise CheckpointError(f"{file} is not a valid {what}: not a regular file ({kind}); nothing was read")
+        return _load_dict(f, file, what)
+
+
+def _load_dict(f, file: Path, what: str) -> dict:
     try:
-        obj = torch.load(file, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
+        obj = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- UnpicklingError, RuntimeError (torn zip), EOFError, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
@@ -174,6 +185,7 @@ def read_checkpoint(file: Path) -> dict:
         what,
         "'trainable' must map names to tensors",
     )
+    _check_progress(ck, file, what)
     rng = ck["rng"]
     _require(isinstance(rng.get("torch"), Tensor) and rng["torch"].dtype == torch.uint8, file, what, "bad torch RNG")
     _require(is_random_state(rng.get("task")), file, what, "bad task RNG state")
@@ -187,6 +199,47 @@ def read_checkpoint(file: Path) -> dict:
     _require(loop["record"] is None or isinstance(loop["record"], dict), file, what, "record")
     _require(isinstance(loop["log_lines"], int) and loop["log_lines"] >= 0, file, what, "log_lines")
     return ck
+
+
+def _finite_number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_progress(ck: dict, file: Path, what: str) -> None:
+    """The step, the schedule and the optimizer state agree and hold finite numbers: a NaN in Adam's moments would
+    make every later update non-finite (each one skipped), an absurd step would end the run at once."""
+    step, sched, opt = ck["step"], ck["scheduler"], ck["optimizer"]
+    last = sched.get("last_epoch")
+    _require(
+        isinstance(last, int) and last == step,
+        file,
+        what,
+        f"'step' {step} and the schedule's step count (scheduler 'last_epoch' {last!r}) differ; the trainer "
+        "advances both once a step",
+    )
+    for key in ("base_lrs", "_last_lr"):
+        values = sched.get(key, [])
+        ok = isinstance(values, list) and all(_finite_number(v) for v in values)
+        _require(ok, file, what, f"scheduler {key!r} {values!r} is not a list of finite numbers")
+    state, groups = opt.get("state"), opt.get("param_groups")
+    _require(isinstance(state, dict) and isinstance(groups, list), file, what, "'optimizer' lacks state/param_groups")
+    for i, group in enumerate(groups):
+        _require(isinstance(group, dict), file, what, f"'optimizer' param_groups[{i}] is not a dict")
+        for key, value in group.items():
+            numbers = value if isinstance(value, list | tuple) and key != "params" else [value]
+            bad = [v for v in numbers if isinstance(v, float) and not math.isfinite(v)]
+            _require(not bad, file, what, f"'optimizer' param_groups[{i}] {key!r} is {value!r}")
+    epochs = ck["config"].get("ppo_epochs", 1)
+    for index, values in state.items():
+        _require(isinstance(values, dict), file, what, f"'optimizer' state of parameter {index} is not a dict")
+        for key, value in values.items():
+            if not isinstance(value, Tensor):
+                continue
+            where = f"'optimizer' state of parameter {index}: {key!r}"
+            _require(bool(torch.isfinite(value).all()), file, what, f"{where} holds non-finite values")
+            if key == "step" and isinstance(epochs, int):
+                n = float(value.max()) if value.numel() else 0.0
+                _require(n <= step * epochs, file, what, f"{where} {n:g} > 'step' {step} x ppo_epochs {epochs}")
 
 
 def restore_checkpoint(

@@ -41,11 +41,13 @@ class MetricsLog:
     readable (and plottable) while the run goes on; `lines` counts the records in the file.
     """
 
-    def __init__(self, path: Path, keep_lines: int | None = None):
+    def __init__(self, path: Path, keep_lines: int | None = None, report_to: str = "none", config: dict | None = None):
         self.path = Path(path)
         self.keep_lines = keep_lines
         self.lines = 0
         self._file = None
+        self.report_to, self.config = report_to, config  # --report-to: each record also goes to that dashboard
+        self.dashboard = None
 
     def __enter__(self) -> MetricsLog:
         kept: list[str] = []
@@ -64,6 +66,13 @@ class MetricsLog:
         os.replace(tmp, self.path)
         self.lines = len(kept)
         self._file = self.path.open("a")
+        if self.report_to != "none":
+            from ..run.dashboards import Dashboard
+
+            purge = None
+            if self.keep_lines is not None:  # a resume: TensorBoard drops what was logged after the kept records
+                purge = max((json.loads(ln).get("step", 0) for ln in kept), default=-1) + 1
+            self.dashboard = Dashboard(self.report_to, self.path.parent, self.config, purge_step=purge)
         return self
 
     def write(self, record: dict) -> None:
@@ -72,10 +81,15 @@ class MetricsLog:
         self._file.write(dumps(record) + "\n")
         self._file.flush()
         self.lines += 1
+        if self.dashboard is not None:
+            self.dashboard.log(record)
 
     def __exit__(self, *exc) -> None:
         self._file.close()
         self._file = None
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard = None
 
 
 class NullLog:

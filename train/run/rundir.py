@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 from sgrpo_kernels.rl import LossConfig
@@ -27,6 +28,8 @@ RUN_FILES = (
     f"checkpoint/{STATE_FILE}",
     f"checkpoint/{STATE_FILE}.tmp",
 )
+
+RUN_DIRS = ("model", "model.tmp", "tensorboard")  # the trained policy (train/export.py), --report-to tensorboard
 
 
 def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> list[str]:
@@ -105,6 +108,8 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
     if cfg.overwrite:
         for name in RUN_FILES:
             (out_dir / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
         try:
             (out_dir / "checkpoint").rmdir()  # when nothing else is in it
         except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from ..study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
@@ -47,6 +48,28 @@ def _positive(text: str) -> int:
     return n
 
 
+def duplicated_sets(items: list[str]) -> str | None:
+    """What is wrong when two `--set` items name the same field (max-steps and max_steps included), else None."""
+    seen: dict[str, str] = {}
+    for item in items:
+        key = item.partition("=")[0].strip().replace("-", "_")
+        if key in seen:
+            return f"--set {seen[key]!r} and --set {item!r}: {key} given twice; give each field once"
+        seen[key] = item
+    return None
+
+
+def unwritable(flag: str, folder: Path) -> str | None:
+    """What is wrong when nothing can be written in `folder` (made when missing), else None."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"{flag} {folder}: cannot write there ({exc.strerror or exc}); choose a folder you can write to"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     def listing(table: dict) -> str:
         return "\n".join(f"  {a.name:<16} {a.preset:<8} loss {a.loss or '(as is)'}: {a.about}" for a in table.values())
@@ -54,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     arms = f"{listing(ARMS)}\n\nresearch arms (only when named in --arms):\n{listing(RESEARCH_ARMS)}"
     regimes = "\n".join(f"  {k:<15} {' '.join(f'--{f} {v}' for f, v in o.items())}" for k, o in REGIMES.items())
     p = argparse.ArgumentParser(
-        prog="python -m train.study",
+        prog="sgrpo-study" if Path(sys.argv[0]).name == "sgrpo-study" else f"python -m {__package__}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a stability study (arms x seeds under one regime) with the bundled trainer, then report it.\n"
         "Each run is its own `python -m train` process; finished runs are skipped, interrupted ones resume.",
@@ -76,10 +99,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", type=Path, metavar="DIR", help="only aggregate the finished runs in DIR (no training)")
     p.add_argument("--no-figure", action="store_true", help="skip study.png")
     p.add_argument("--progress", type=lambda t: t.lower() not in ("0", "false", "no", "off"), default=True)
+    p.add_argument("--config", metavar="FILE", help="a YAML/JSON mapping of these options (flags typed win)")
     return p
 
 
+def config_argv(path: str) -> list[str]:
+    """A --config file (YAML or JSON mapping of the options below, as `regime: default`, `seeds: [0, 1]`,
+    `set: [max_steps=10]`) as the flags it stands for; an unknown key or a file that is not such a mapping is a
+    ValueError naming it. Flags typed on the command line come after, so they win."""
+    from ..config_file import ConfigFileError, _parse_text
+
+    options = {a.dest: a for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "config")}
+    try:
+        data = _parse_text(Path(path)) if Path(path).is_file() else None
+    except ConfigFileError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of options (regime: default, seeds: [0, 1], ...)")
+    out = []
+    for key, value in data.items():
+        action = options.get(str(key).replace("-", "_"))
+        if action is None:
+            raise ValueError(f"--config {path}: unknown key {key!r}; expected one of {', '.join(sorted(options))}")
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # --no-figure
+            out += [flag] if value else []
+        elif action.dest == "set":
+            out += [a for v in (value if isinstance(value, list) else [value]) for a in (flag, str(v))]
+        else:
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value).lower() if isinstance(
+                value, bool) else str(value)  # fmt: skip
+            out += [flag, text]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = build_parser().parse_args(argv)
+    if first.config is not None:
+        try:
+            argv = config_argv(first.config) + argv
+        except ValueError as exc:
+            print(f"python -m train.study: {exc}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     if args.report is not None:
         if not (args.report / "runs").is_dir():
@@ -91,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.regime
     out, work = args.out or RESULTS / name, args.work or WORK / name
     try:
+        if problem := duplicated_sets(args.set):
+            raise ValueError(problem)
         overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
         specs = grid(args.arms, args.seeds, overrides, work, out)
         for spec in specs:
@@ -99,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m train.study: {exc}", file=sys.stderr)
         return 2
+    for flag, folder in (("--out", out), ("--work", work)):
+        if problem := unwritable(flag, folder):
+            print(f"python -m train.study: {problem}", file=sys.stderr)
+            return 2
     manifest.save()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     try:

@@ -151,6 +151,7 @@ class RunSpec:
     def argv(self, threads: int, resume: bool) -> list[str]:
         args = [sys.executable, "-m", TRAINER, "--output-dir", str(self.work_dir), "--seed", str(self.seed)]
         args += ["--preset", self.arm.preset, "--loss", self.arm.loss, "--threads", str(threads), "--progress", "false"]
+        args += ["--save-model", "false"]  # a study keeps its runs' files, not 500 MB of weights per run
         for k, v in self.arm.train.items():
             args += [f"--{k.replace('_', '-')}", v]
         for k, v in self.overrides.items():

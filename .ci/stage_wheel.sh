@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# CI stage: the trainer as a user installs it. Builds the wheel from a copy of the checkout, installs it with the
+# [train] extra into a fresh venv (${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/wheel; torch==2.13.0 first, the CPU wheel),
+# then, from a directory outside the checkout (so nothing can come from the repository's files): the wheel holds no
+# top-level `train`, `sgrpo-train --help`, a one-step run of the tiny model that writes OUTPUT_DIR/model/ and loads
+# it back with from_pretrained, `sgrpo-train --config` of that run's config.json, `sgrpo-study --help` and
+# `sgrpo-bench --help`. Self-contained: `bash .ci/stage_wheel.sh` from anywhere.
+set -euo pipefail
+t0=$(date +%s)
+repo=$(cd "$(dirname "$0")/.." && pwd)
+venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/wheel
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+echo "stage_wheel: building the wheel"
+# a copy of the tracked (and new, not ignored) files: building in the checkout would leave build/ and *.egg-info there
+(cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'test -e "{}" && printf "%s\0" "{}"' \
+  | tar --null -T - -cf -) | tar -xf - -C "$work" --one-top-level=src
+python -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
+wheel=$(ls "$work"/dist/sgrpo_kernels-*.whl)
+files=$(python -c 'import sys, zipfile; print("\n".join(zipfile.ZipFile(sys.argv[1]).namelist()))' "$wheel")
+if grep -qE '^(train|benchmarks)/' <<<"$files"; then
+  echo "stage_wheel: the wheel installs a generic top-level package (train/ or benchmarks/)" >&2
+  exit 1
+fi
+for f in sgrpo_train/data/gsm8k_sample.jsonl sgrpo_train/_sandbox_boot.py sgrpo_train/_sandbox_os.py \
+    sgrpo_train/sandbox_harness.py; do
+  grep -qx "$f" <<<"$files" || { echo "stage_wheel: $f is not in the wheel" >&2; exit 1; }
+done
+
+echo "stage_wheel: built in $(( $(date +%s) - t0 )) s; installing it into a fresh venv at $venv"
+rm -rf "$venv"
+python -m venv "$venv"
+# one resolution, torch pinned: the local CPU wheel (a looser spec could pull a multi-GB CUDA build)
+"$venv/bin/python" -m pip install -q torch==2.13.0 "$wheel[train]" 2> >(grep -v "is ignored: it is neither" >&2)
+
+echo "stage_wheel: installed at $(( $(date +%s) - t0 )) s"
+cd "$work"  # outside the checkout
+export PATH="$venv/bin:$PATH"
+sgrpo-train --help > help.txt && head -n 1 help.txt
+sgrpo-train --model tiny --max-steps 1 --prompts-per-step 2 --group-size 2 --max-new-tokens 4 --eval-problems 4 \
+  --eval-k 2 --probe-size 2 --threads 1 --progress false --output-dir "$work/run"
+"$venv/bin/python" - "$work/run" <<'EOF'
+import json, sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+run = Path(sys.argv[1])
+assert json.loads((run / "summary.json").read_text())["steps"] == 1
+model = AutoModelForCausalLM.from_pretrained(run / "model")
+trained = torch.load(run / "checkpoint" / "state.pt", weights_only=True)["trainable"]
+weights = model.state_dict()
+assert trained and all(torch.equal(weights[name], t) for name, t in trained.items()), "model/ is not the trained policy"
+import sgrpo_train
+from sgrpo_train.sandbox import FunctionCheck, Limits, run_check
+
+assert "site-packages" in sgrpo_train.__file__, sgrpo_train.__file__  # the installed trainer, not a checkout's
+test = "def check(c):\n    assert c(1) == 2\n"  # the sandbox finds its bootstrap files beside the installed ones
+assert run_check(FunctionCheck("def f(x):\n    return x + 1\n", test, "f"), Limits()).passed
+assert not run_check(FunctionCheck("def f(x):\n    return x\n", test, "f"), Limits()).passed
+print(f"stage_wheel: {run / 'model'} loads; its weights are the checkpoint's")
+EOF
+sgrpo-train --config "$work/run/config.json" --max-steps 0 --output-dir "$work/rerun" --eval-problems 2 --eval-k 0
+sgrpo-study --help > help.txt && head -n 1 help.txt
+sgrpo-bench --help > help.txt && head -n 1 help.txt
+echo "stage_wheel: passed in $(( $(date +%s) - t0 )) s"

@@ -1,0 +1,124 @@
+"""The driver's side: verl's synchronous v1 PPO trainer (``PPOTrainerSync``) with the group signals of an sgrpo_kernels
+preset, registered as ``trainer.v1.trainer_mode=sgrpo``.
+
+Why a trainer subclass: the group-level parts (advantages, GTPO conflict weights, the completion-entropy filter) need
+each group's rewards, response tokens and stored entropies together, and verl's driver is the only place that has
+them (a registered advantage estimator sees no response tokens, a policy loss sees one micro-batch that need not hold
+whole groups). Three methods change, nothing else:
+
+- ``__init__``: builds the LossConfig from ``actor.policy_loss``, refuses verl settings that would double-count or
+  that the loss does not serve, turns ``calculate_entropy`` on when the preset needs entropies, and runs as verl's
+  ``sync`` mode (its replay buffer and options).
+- ``_setup``: after verl built the workers, installs the engine-level loss (:func:`.loss.sgrpo_ppo_loss`) on the actor
+  workers with ``set_loss_fn``.
+- ``_compute_advantage``: after verl's own step (rewards, rollout correction), replaces ``advantages`` / ``returns``
+  with the preset's and adds the per-token weights and conflict counts (:func:`.signals.driver_signals`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from omegaconf import open_dict
+from tensordict import TensorDict
+from verl.protocol import DataProto
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from sgrpo_kernels.integrations.verl.config import loss_config
+from sgrpo_kernels.integrations.verl.loss import make_loss_fn
+from sgrpo_kernels.integrations.verl.signals import driver_signals, loss_side_config
+from sgrpo_kernels.rl import LossConfig
+
+__all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_verl_config"]
+
+TRAINER_MODE = "sgrpo"
+
+
+def check_verl_config(config, cfg: LossConfig) -> None:
+    """ValueError for verl settings the sgrpo loss does not serve, naming the key, its value and what to set."""
+    actor = config.actor_rollout_ref.actor
+    refused = [
+        ("algorithm.use_kl_in_reward", config.algorithm.get("use_kl_in_reward", False), False,
+         "the presets are reference-free; rewards must be the task's"),
+        ("actor_rollout_ref.actor.use_kl_loss", actor.get("use_kl_loss", False), False,
+         "the sgrpo loss replaces verl's ppo_loss, KL included"),
+        ("actor_rollout_ref.actor.entropy_coeff", actor.get("entropy_coeff", 0.0), 0.0,
+         "entropy terms come from the preset (sgrpo_loss='entropy_coef=...')"),
+    ]  # fmt: skip
+    for key, value, expected, why in refused:
+        if value != expected:
+            raise ValueError(f"{key}={value!r} with loss_mode={cfg.name!r}: expected {expected!r} ({why})")
+    if cfg.beta != 0:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.sgrpo_loss sets beta={cfg.beta}: KL to a reference is not supported "
+            "by the verl plugin yet; expected beta=0"
+        )
+    n = config.actor_rollout_ref.rollout.n
+    if n < 2:
+        raise ValueError(f"actor_rollout_ref.rollout.n={n}: group-relative losses need n >= 2 completions per prompt")
+
+
+@register_trainer(TRAINER_MODE)
+class SGRPOTrainer(PPOTrainerSync):
+    """verl's synchronous PPO trainer with an sgrpo_kernels preset (module docstring)."""
+
+    def __init__(self, config):
+        cfg = loss_config(config.actor_rollout_ref.actor.policy_loss)
+        check_verl_config(config, cfg)
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = "sync"  # the replay buffer and options of verl's sync mode
+            if cfg.needs_entropy:
+                config.actor_rollout_ref.actor.calculate_entropy = True
+        self.sgrpo_config = cfg
+        super().__init__(config)
+
+    def _setup(self):
+        super()._setup()
+        self.actor_rollout_wg.set_loss_fn(make_loss_fn(loss_side_config(self.sgrpo_config)))
+
+    def _compute_advantage(self, batch, metrics: dict):
+        batch = super()._compute_advantage(batch, metrics=metrics)
+        fields = ["uid", "responses", "response_mask", "rm_scores"]
+        if self.sgrpo_config.entropy_filter is not None:
+            fields.append("entropy")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        nested_mask = data["response_mask"]
+        data = DataProto(batch=data.to_padded_tensor())
+        uid = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        mask = data.batch["response_mask"]
+        signals = driver_signals(
+            self.sgrpo_config,
+            data.batch["rm_scores"].sum(dim=-1).float(),  # one reward per response, as verl's GRPO estimator
+            data.batch["responses"],
+            mask,
+            uid,
+            self.config.actor_rollout_ref.rollout.n,
+            entropy=data.batch["entropy"] if "entropy" in data.batch.keys() else None,
+            vocab_size=len(self.tokenizer),
+        )
+        m = mask.to(torch.float32)
+        per_token = {
+            "advantages": signals.advantages.unsqueeze(1) * m,
+            "returns": signals.advantages.unsqueeze(1) * m,
+            "sgrpo_token_weights": signals.token_weights,
+            "sgrpo_conflict_counts": signals.conflict_counts.unsqueeze(1) * m,
+        }
+        out = TensorDict({k: response_to_nested(v, nested_mask) for k, v in per_token.items()}, batch_size=len(batch))
+        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
+        metrics.update({f"sgrpo/{k}": v for k, v in signals.stats.items()})
+        if signals.stats.get("filtered_frac", 0.0) >= 1.0:
+            self._sgrpo_all_filtered = getattr(self, "_sgrpo_all_filtered", 0) + 1
+            if self._sgrpo_all_filtered in (1, 10, 100):
+                warnings.warn(
+                    f"sgrpo trainer: the entropy filter ({self.sgrpo_config.entropy_filter!r}) removed every "
+                    f"completion of the batch ({self._sgrpo_all_filtered} time(s) so far): no policy gradient. On a "
+                    "fresh model ln 2 removes nearly all of them; try +actor_rollout_ref.actor.policy_loss.sgrpo_loss="
+                    "entropy_filter=quantile:0.75 (docs/verl.md)",
+                    stacklevel=2,
+                )
+        return batch

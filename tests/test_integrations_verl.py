@@ -1,0 +1,320 @@
+"""The verl plugin (sgrpo_kernels.integrations.verl) against the RL layer, without a cluster: registration through
+verl's entry point in a fresh process, the driver's group signals and the workers' engine-level loss on hand-built
+batches (ties, all-correct and all-wrong groups, padding, rows of a group apart, groups split across micro-batches and
+ranks) equal to `sgrpo_kernels.rl` in per-token weights, loss and gradients, and the errors. Skipped without verl (it
+needs a venv of its own: .ci/stage_verl.sh)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+if os.environ.get("SGRPO_REQUIRE_VERL") == "1":  # CI's verl stage: a broken install fails, not skips
+    import verl  # noqa: F401
+pytest.importorskip("verl")
+
+from conftest import assert_refused  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+
+from sgrpo_kernels import rl  # noqa: E402
+from sgrpo_kernels.integrations.verl import (  # noqa: E402
+    POLICY_LOSSES,
+    SGRPOPolicyLossConfig,
+    check_verl_version,
+    driver_signals,
+    loss_config,
+    loss_side_config,
+    make_loss_fn,
+)
+
+G, T, V, P = 4, 7, 11, 3  # group size, response length, vocabulary, prompt length
+
+
+def batch():
+    """4 groups x 4 completions in contiguous order: mixed rewards with shared prefixes and suffixes (conflicts), all
+    correct, all wrong, and tied rewards with duplicate completions; right padding of several lengths (one row of a
+    single token)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, V, (4 * G, T), generator=g)
+    ids[0:4, :2] = torch.tensor([3, 5])  # group 0: a shared prefix on every completion
+    ids[1, 2] = ids[2, 2] = 7
+    ids[12:14] = ids[14]  # group 3: three identical completions
+    lengths = torch.tensor([7, 5, 6, 1, 7, 7, 3, 4, 7, 2, 6, 7, 5, 5, 5, 7])
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    ids[0, 4], ids[1, 2], ids[3, 0] = 9, 9, 3  # a suffix token shared by a success and a failure of group 0
+    rewards = torch.tensor([1.0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0])
+    return ids, mask, rewards
+
+
+def policy(seed=1):
+    """Logits of the current policy ([B, T, V], requires grad) with a spread of entropies, and old log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.linspace(0.3, 6.0, 4 * G).view(-1, 1, 1)  # low to high entropy across the rows
+    logits = (torch.randn(4 * G, T, V, generator=g) * scale).requires_grad_(True)
+    old = torch.log_softmax(logits.detach() + 0.05 * torch.randn(4 * G, T, V, generator=g), -1)
+    return logits, old
+
+
+def logp_entropy(logits, ids):
+    lsm = torch.log_softmax(logits, -1)
+    return lsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1), -(lsm.exp() * lsm).sum(-1)
+
+
+def reference(cfg, ids, mask, rewards, logits, old_lsm, wrt=None):
+    """The RL layer on the whole batch in contiguous group order: loss, metrics, d loss / d `wrt` (the logits)."""
+    logp, ent = logp_entropy(logits, ids)
+    old = old_lsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    groups = rl.prepare_groups(cfg, rewards, ids, mask, G)
+    loss, metrics = rl.policy_loss(logp, groups.advantages, mask, cfg, entropy=ent, old_logp=old,
+                                   vocab_size=V, **groups.loss_kwargs())  # fmt: skip
+    (grad,) = torch.autograd.grad(loss, logits if wrt is None else wrt)
+    return loss.detach(), metrics, grad, groups
+
+
+def engine_data(rows, ids, mask, old, signals, dp_size=1, n_tokens=None, n_seqs=None):
+    """The micro-batch verl's engine hands the loss (non-nested prompts; per-token fields [B, T])."""
+    m = mask[rows].float()
+    td = TensorDict(
+        {
+            "prompts": torch.ones(len(rows), P, dtype=torch.long),
+            "responses": ids[rows],
+            "attention_mask": torch.cat([torch.ones(len(rows), P, dtype=torch.long), mask[rows].long()], 1),
+            "response_mask": mask[rows].long(),
+            "old_log_probs": old[rows] * m,
+            "advantages": signals.advantages[rows].unsqueeze(1) * m,
+            "sgrpo_token_weights": signals.token_weights[rows],
+            "sgrpo_conflict_counts": signals.conflict_counts[rows].unsqueeze(1) * m,
+        },
+        batch_size=len(rows),
+    )
+    tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=n_tokens, global_batch_size=n_seqs)
+    return td
+
+
+def packed(values, mask):
+    """[B, T] response values -> the engine's packed (total_nnz,) output: per row P prompt positions + its response,
+    the response's values shifted one position left (position P - 1 predicts the first response token)."""
+    parts = []
+    for v, m in zip(values, mask):
+        r = int(m.sum())
+        parts += [torch.zeros(P - 1), v[:r], torch.zeros(1)]
+    return torch.cat(parts)
+
+
+def verl_path(cfg, ids, mask, rewards, logits, old_lsm, order, splits, dp_size=1):
+    """The plugin: driver signals on the batch in verl's row order `order` (groups apart), then the engine-level loss
+    on each micro-batch (`splits`: lists of positions in that order) summed, as verl's engine sums them. Returns
+    (loss, d loss / d logits, signals in contiguous order)."""
+    ids_v, mask_v, rew_v = ids[order], mask[order], rewards[order]
+    uid = [f"prompt-{int(i) // G}" for i in order]
+    logp, ent = logp_entropy(logits, ids)
+    logp_v, ent_v = logp[order], ent[order]
+    old = old_lsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1)[order]
+    sig = driver_signals(cfg, rew_v, ids_v, mask_v, uid, G, entropy=ent_v.detach(), vocab_size=V)
+    fn = make_loss_fn(loss_side_config(cfg))
+    n_tokens, n_seqs = int(mask.sum()) * 1, len(order)
+    total = 0.0
+    for rows in splits:
+        rows = torch.tensor(rows)
+        data = engine_data(rows, ids_v, mask_v, old, sig, dp_size, n_tokens * dp_size, n_seqs * dp_size)
+        out = {"log_probs": packed(logp_v[rows], mask_v[rows]), "entropy": packed(ent_v[rows], mask_v[rows])}
+        loss, metrics = fn(model_output=out, data=data)
+        assert "actor/pg_loss" in metrics
+        total = total + loss
+    (grad,) = torch.autograd.grad(total, logits)
+    back = torch.argsort(order)
+    contiguous = dataclasses.replace(sig, advantages=sig.advantages[back], token_weights=sig.token_weights[back],
+                                     conflict_counts=sig.conflict_counts[back])  # fmt: skip
+    return total.detach(), grad, contiguous
+
+
+ORDER = torch.tensor([5, 0, 12, 9, 3, 14, 1, 8, 6, 15, 2, 11, 4, 13, 7, 10])  # verl's balancing puts groups apart
+
+
+def check_equal(name, overrides="", splits=(list(range(16)),), atol=1e-6):
+    cfg = rl.preset_with(name, overrides)
+    ids, mask, rewards = batch()
+    logits, old_lsm = policy()
+    ref_loss, ref_metrics, ref_grad, groups = reference(cfg, ids, mask, rewards, logits, old_lsm)
+    loss, grad, sig = verl_path(cfg, ids, mask, rewards, logits, old_lsm, ORDER, splits)
+    # per-token weights: the RL layer's conflict weights x its entropy filter's kept completions
+    w = groups.token_weights if groups.token_weights is not None else torch.ones(4 * G, T)
+    if cfg.entropy_filter is not None:
+        h_seq = rl.completion_entropy(logp_entropy(logits, ids)[1].detach(), mask)
+        thr = rl.entropy_threshold(cfg.entropy_filter, h_seq, mask.any(1), rewards=rewards, group_size=G,
+                                   vocab_size=V)  # fmt: skip
+        keep = h_seq <= thr
+        w = w * keep.unsqueeze(1)
+        assert 0 < int(keep.sum()) < 4 * G, "the batch must exercise the filter both ways"
+    torch.testing.assert_close(sig.token_weights, torch.where(mask, w, 0.0), atol=0, rtol=0)
+    torch.testing.assert_close(sig.advantages, groups.advantages, atol=0, rtol=0)
+    torch.testing.assert_close(loss, ref_loss, atol=atol, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, atol=atol, rtol=1e-5)
+    assert ref_grad.abs().sum() > 0
+    return ref_metrics
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES)
+def test_whole_batch_equals_rl(name):
+    """One micro-batch holding the mini-batch: every preset's loss and gradients are the RL layer's exactly (the
+    entropy floor included)."""
+    overrides = "entropy_filter=quantile:0.5" if name in ("s_grpo", "s_grpo_afn", "gtpo") else ""
+    metrics = check_equal(name, overrides)
+    if name in ("gtpo", "grpo_tc", "s_grpo"):
+        assert float(metrics["zero_weight_frac"]) > 0  # conflicts (and the filter) removed tokens
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [("gtpo", "entropy_filter=quantile:0.5"), ("grpo_tc", ""), ("gtpo_official", ""),
+     ("s_grpo", "entropy_filter=coverage,entropy_penalty_coef=0.0"),
+     ("s_grpo", "loss_agg=token-mean,entropy_penalty_coef=0.0"),
+     ("grpo_tc", "loss_agg=seq-mean-token-sum")],
+)  # fmt: skip
+def test_split_micro_batches_equal_rl(name, overrides):
+    """Groups split across 3 uneven micro-batches: the summed micro-batch losses and their gradients are the RL layer's
+    on the whole batch for every aggregation (the per-group filters `coverage` included: decided on the driver)."""
+    check_equal(name, overrides, splits=([0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15]))
+
+
+@pytest.mark.parametrize("name", ["gtpo", "gtpo_official", "grpo_tc"])
+def test_data_parallel_share(name):
+    """Rank 0 of 2, the other rank holding the same groups: verl averages the ranks' gradients, so one rank's loss
+    and gradient (identical on both) must be the RL layer's on the global batch of 2 x 16 completions (per-completion
+    means: the same as on 16; `seq-sum-token-mean` of gtpo_official: twice)."""
+    cfg = rl.preset_with(name, "entropy_filter=quantile:0.5" if name == "gtpo" else "")
+    ids, mask, rewards = batch()
+    logits, old_lsm = policy()
+    two = torch.cat([logits, logits])  # both ranks' rows, one set of parameters
+    ref_loss, _, ref_grad, _ = reference(cfg, ids.repeat(2, 1), mask.repeat(2, 1), rewards.repeat(2), two,
+                                         old_lsm.repeat(2, 1, 1), wrt=logits)  # fmt: skip
+    loss, grad, _ = verl_path(cfg, ids, mask, rewards, logits, old_lsm, ORDER, [list(range(8)), list(range(8, 16))],
+                              dp_size=2)  # fmt: skip
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-6, rtol=1e-5)
+    if name == "gtpo_official":
+        assert not torch.allclose(ref_loss, reference(cfg, ids, mask, rewards, logits, old_lsm)[0])
+
+
+def test_entropy_floor_per_micro_batch():
+    """The floor (a function of a mean, not a sum) is taken per micro-batch: summed over the split it differs from the
+    whole batch's by design (docs/verl.md), while the policy term alone (coef 0) is exact (the tests above)."""
+    cfg_floor = "entropy_filter=quantile:0.5,entropy_floor=5.0,entropy_penalty_coef=1.0"
+    with pytest.raises(AssertionError):
+        check_equal("s_grpo", cfg_floor, splits=([0, 1, 2, 3, 4], list(range(5, 16))))
+    check_equal("s_grpo", cfg_floor)
+
+
+def test_driver_signals_refuse_incomplete_groups():
+    ids, mask, rewards = batch()
+    uid = [f"p{i // G}" for i in range(15)] + ["p-extra"]
+    assert_refused(lambda: driver_signals(rl.preset("grpo_tc"), rewards, ids, mask, uid, G), ValueError,
+                   ["rollout.n = 4", "p3", "p-extra"])  # fmt: skip
+    assert_refused(lambda: driver_signals(rl.preset("s_grpo"), rewards, ids, mask, [i // G for i in range(16)], G),
+                   ValueError, ["entropy", "ln2"])  # fmt: skip
+
+
+def test_loss_config_from_verl_keys():
+    assert loss_config(SGRPOPolicyLossConfig(loss_mode="s_grpo")) == rl.preset("s_grpo")
+    cfg = loss_config(SGRPOPolicyLossConfig(loss_mode="gtpo", sgrpo_loss="entropy_filter=quantile:0.75"))
+    assert cfg.entropy_filter == "quantile:0.75" and cfg.conflict_strategy == "gtpo"
+    assert_refused(lambda: loss_config(SGRPOPolicyLossConfig(loss_mode="vanilla")), ValueError,
+                   ["loss_mode='vanilla'", "s_grpo"])  # fmt: skip
+    assert_refused(lambda: loss_config(SGRPOPolicyLossConfig(loss_mode="s_grpo", sgrpo_loss="entropy_flter=1")),
+                   ValueError, ["sgrpo_loss='entropy_flter=1'", "entropy_flter"])  # fmt: skip
+    norm = SGRPOPolicyLossConfig(loss_mode="grpo_tc", sgrpo_loss="loss_agg=seq-mean-token-sum-norm")
+    assert_refused(lambda: loss_config(norm), ValueError, ["seq-mean-token-sum-norm", "max_completion_length"])
+
+
+def test_loss_refuses_batches_without_driver_fields():
+    ids, mask, rewards = batch()
+    logits, old_lsm = policy()
+    sig = driver_signals(rl.preset("grpo_tc"), rewards, ids, mask, [i // G for i in range(16)], G)
+    data = engine_data(torch.arange(16), ids, mask, torch.zeros(16, T), sig)
+    del data["sgrpo_token_weights"]
+    logp, ent = logp_entropy(logits, ids)
+    out = {"log_probs": packed(logp, mask)}
+    assert_refused(lambda: make_loss_fn(rl.preset("grpo_tc"))(model_output=out, data=data), ValueError,
+                   ["sgrpo_token_weights", "trainer_mode=sgrpo"])  # fmt: skip
+    assert_refused(lambda: make_loss_fn(rl.preset("grpo_ef"))(model_output=out, data=data), ValueError,
+                   ["entropy", "calculate_entropy"])  # fmt: skip
+
+
+def test_version_range():
+    assert check_verl_version() .startswith("0.9.")
+    assert_refused(lambda: check_verl_version("0.10.0"), ImportError, ["0.10.0", ">= 0.9.1, < 0.10.0"])
+    assert_refused(lambda: check_verl_version("0.8.2"), ImportError, ["0.8.2"])
+    assert check_verl_version("0.9.3rc1") == "0.9.3rc1"
+
+
+def _fresh(code: str, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=300, cwd="/")  # fmt: skip
+
+
+def test_registration_through_entry_point():
+    """A fresh process that only imports verl: our loss names and trainer mode are registered (nothing of ours
+    imported by hand), verl's ppo_loss path refuses our names with what to set, and with plugins disabled verl does
+    not know them. One process each."""
+    code = """
+        import sys, verl
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+        assert not any(m == "sgrpo_kernels.integrations.verl" for m in sys.argv), "nothing imported by hand"
+        for name in %r:
+            fn = get_policy_loss_fn(name)
+            try:
+                fn(None, None, None, None)
+            except RuntimeError as exc:
+                assert "trainer.v1.trainer_mode=sgrpo" in str(exc), exc
+            else:
+                raise AssertionError(name)
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        cls = get_trainer_cls("sgrpo")
+        print("OK", cls.__module__, cls.__mro__[1].__name__)
+    """.replace("%r", repr(POLICY_LOSSES))
+    res = _fresh(code)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "OK sgrpo_kernels.integrations.verl.trainer PPOTrainerSync" in res.stdout
+    off = _fresh("""
+        import verl
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        print(sorted(set(%r) & set(POLICY_LOSS_REGISTRY)))
+    """.replace("%r", repr(POLICY_LOSSES)), VERL_USE_EXTERNAL_PLUGINS="none")
+    assert off.returncode == 0 and off.stdout.strip().endswith("[]"), off.stderr[-2000:]
+
+
+def test_trainer_refuses_what_the_loss_does_not_serve():
+    """The sgrpo trainer's config check (before any worker starts), on verl's own default PPO config."""
+    pytest.importorskip("transfer_queue")
+    from hydra import compose, initialize_config_module
+    from omegaconf import open_dict
+
+    from sgrpo_kernels.integrations.verl.trainer import check_verl_config
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        base = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.n=4",
+                                                             "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo"])
+    cfg = loss_config(base.actor_rollout_ref.actor.policy_loss)
+    assert cfg == rl.preset("s_grpo")
+    check_verl_config(base, cfg)  # verl's defaults (no KL loss, no entropy bonus, no KL in reward) pass
+    for key, value, words in [("actor_rollout_ref.actor.use_kl_loss", True, "use_kl_loss=True"),
+                              ("actor_rollout_ref.actor.entropy_coeff", 0.01, "entropy_coeff=0.01"),
+                              ("algorithm.use_kl_in_reward", True, "use_kl_in_reward=True"),
+                              ("actor_rollout_ref.rollout.n", 1, "rollout.n=1")]:  # fmt: skip
+        bad = base.copy()
+        with open_dict(bad):
+            parent, leaf = key.rsplit(".", 1)
+            node = bad
+            for part in parent.split("."):
+                node = node[part]
+            node[leaf] = value
+        assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words)
+    assert_refused(lambda: check_verl_config(base, dataclasses.replace(cfg, beta=0.04)), ValueError, "beta=0.04")

