@@ -4,7 +4,8 @@
 # then, from a directory outside the checkout (so nothing can come from the repository's files): the wheel holds no
 # top-level `train`, `sgrpo-train --help`, a one-step run of the tiny model that writes OUTPUT_DIR/model/ and loads
 # it back with from_pretrained, `sgrpo-train --config` of that run's config.json, `sgrpo-study --help` and
-# `sgrpo-bench --help`. Self-contained: `bash .ci/stage_wheel.sh` from anywhere.
+# `sgrpo-bench --help`, and `sgrpo-bench cpu` and `ddp` (their worker processes must find the installed packages).
+# Self-contained: `bash .ci/stage_wheel.sh` from anywhere.
 set -euo pipefail
 t0=$(date +%s)
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -66,4 +67,8 @@ EOF
 sgrpo-train --config "$work/run/config.json" --max-steps 0 --output-dir "$work/rerun" --eval-problems 2 --eval-k 0
 sgrpo-study --help > help.txt && head -n 1 help.txt
 sgrpo-bench --help > help.txt && head -n 1 help.txt
+# the benchmarks start their workers (and the trainer) as subprocesses: they must find the installed packages
+sgrpo-bench cpu --models smollm2-135m --tokens 32 --modes fwd --repeats 1 --warmup 0 --out "$work/bench/cpu"
+sgrpo-bench ddp --model tiny --steps 1 --prompts 2 --group-size 2 --eval-problems 2 --cores 2
+test -f "$work/runs/bench/ddp/ddp.md" && test -f "$work/bench/cpu.md"
 echo "stage_wheel: passed in $(( $(date +%s) - t0 )) s"

@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, versions, write_csv
+from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, script_args, versions, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
 SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
@@ -171,7 +171,7 @@ def _worker_time(D: int, V: int, N: int, mode: str, repeats: int, warmup: int) -
 
 
 def _spawn(*args) -> dict:
-    cmd = [sys.executable, "-m", "benchmarks.bench_cpu", "--_worker", json.dumps(list(args))]
+    cmd = [sys.executable, *script_args("bench_cpu"), "--_worker", json.dumps(list(args))]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
@@ -223,6 +223,11 @@ def output_stem(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_worker"]:  # one measurement in a fresh process (_spawn)
+        kind, *rest = json.loads(argv[1])
+        print(json.dumps(_worker_mem(*rest) if kind == "mem" else _worker_time(*rest)))
+        return 0
     args = build_parser().parse_args(argv)
 
     rows = []
@@ -265,8 +270,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--_worker":
-        kind, *rest = json.loads(sys.argv[2])
-        print(json.dumps(_worker_mem(*rest) if kind == "mem" else _worker_time(*rest)))
-    else:
-        raise SystemExit(main())
+    raise SystemExit(main())

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, versions
+from benchmarks.common import RESULTS, cpu_name, git_sha, scratch_dir, trainer_module, versions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,10 +36,10 @@ def run_job(nproc: int, args: argparse.Namespace, out: Path) -> dict:
              str(args.eval_problems), "--eval-k", "0", "--kl-every", "0", "--save-every", "0", "--progress", "false",
              "--threads", str(threads)]  # fmt: skip
     if nproc == 1:
-        cmd = [sys.executable, "-m", "train", *train]
+        cmd = [sys.executable, "-m", trainer_module(), *train]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-               "127.0.0.1", "--master_port", str(_port()), "-m", "train", *train]  # fmt: skip
+               "127.0.0.1", "--master_port", str(_port()), "-m", trainer_module(), *train]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     t0 = time.time()
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.prompts % args.nproc:
         p.error(f"--prompts {args.prompts} must be a multiple of --nproc {args.nproc} (whole groups per process)")
-    work = REPO / "runs" / "bench" / "ddp"
+    work = scratch_dir() / "ddp"
     rows = [run_job(n, args, work / f"np{n}") for n in (1, args.nproc)]
     one, many = rows
     lines = [

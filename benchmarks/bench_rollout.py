@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, versions
+from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, scratch_dir, script_args, versions
 
 REPO = Path(__file__).resolve().parents[1]
-SCRATCH = REPO / "runs" / "bench"
+SCRATCH = scratch_dir()
 ENGINES = ("hf", "vllm-fp32", "vllm-bf16")
 
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         flags = ["--model", args.model, "--prompts", str(args.prompts), "--group-size", str(args.group_size),
                  "--repeats", str(args.repeats), "--seed", str(args.seed),
                  "--tokens", *map(str, args.tokens)]  # fmt: skip
-        cmd = [sys.executable, "-m", "benchmarks.bench_rollout", *flags, "--worker", kind, "--worker-result",
+        cmd = [sys.executable, *script_args("bench_rollout"), *flags, "--worker", kind, "--worker-result",
                str(result)]  # fmt: skip
         subprocess.run(cmd, cwd=REPO, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         rows.append(json.loads(result.read_text()))

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, versions
+from benchmarks.common import RESULTS, cpu_name, git_sha, scratch_dir, script_args, trainer_module, versions
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = ("bundled", "trl", "sgrpo", "bundled-vllm-fp32", "bundled-vllm-bf16")
@@ -41,7 +41,7 @@ ENGINE_FLAGS = {
     "bundled-vllm-fp32": ["--use-vllm", "on", "--vllm-dtype", "float32"],
     "bundled-vllm-bf16": ["--use-vllm", "on", "--vllm-dtype", "bfloat16"],
 }
-SCRATCH = REPO / "runs" / "bench"
+SCRATCH = scratch_dir()
 
 
 def job_flags(args: argparse.Namespace, out: Path) -> list[str]:
@@ -137,10 +137,10 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     if kind in ENGINE_FLAGS:
         python = args.vllm_python if kind != "bundled" else sys.executable
-        cmd = [python, "-m", "train", *flags, *ENGINE_FLAGS[kind]]
+        cmd = [python, "-m", trainer_module(), *flags, *ENGINE_FLAGS[kind]]
     else:
         out.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "benchmarks.bench_trainers", "--worker", kind, "--worker-result",
+        cmd = [sys.executable, *script_args("bench_trainers"), "--worker", kind, "--worker-result",
                str(out / "worker.json"), "--", *flags]  # fmt: skip
     t0 = time.time()
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)

@@ -9,12 +9,41 @@ import csv
 import platform
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IGNORE = -100  # ignore_index of every benchmarked call
+
+
+def installed() -> bool:
+    """True when the benchmarks run from the wheel: package `sgrpo_bench`, which `sgrpo-bench` makes importable as
+    `benchmarks` (benchmarks/cli.py); False from a checkout."""
+    return sys.modules[__name__.rpartition(".")[0]].__name__ == "sgrpo_bench"
+
+
+def script_args(module: str) -> list[str]:
+    """The interpreter arguments that run benchmark script `module` (e.g. "bench_cpu") in a new process:
+    `-m benchmarks.MODULE` from a checkout, `-m sgrpo_bench.cli SCRIPT` installed (the command that points the scripts'
+    imports at the installed packages)."""
+    if not installed():
+        return ["-m", f"benchmarks.{module}"]
+    from .cli import SCRIPTS
+
+    return ["-m", "sgrpo_bench.cli", next(key for key, (mod, _) in SCRIPTS.items() if mod == module)]
+
+
+def scratch_dir() -> Path:
+    """Where results go without --publish: runs/bench/ in the repository (git-ignored), or in the current directory
+    when installed (never inside site-packages)."""
+    return (Path.cwd() if installed() else Path(__file__).resolve().parents[1]) / "runs" / "bench"
+
+
+def trainer_module() -> str:
+    """The trainer's package for `python -m`: `train` from a checkout, `sgrpo_train` installed."""
+    return "sgrpo_train" if installed() else "train"
 
 
 def git_sha() -> str:
