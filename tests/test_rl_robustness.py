@@ -161,3 +161,11 @@ def test_empty_batch_gives_a_zero_loss(name, b, t):
                          torch.ones(b, t, dtype=torch.bool), cfg, ref_logp=torch.zeros(b, t), compute_entropy=True)
     loss.backward()
     assert float(loss) == 0.0 and torch.equal(weight.grad, torch.zeros(5, 4))
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity"])
+def test_override_text_of_a_non_finite_number_is_refused_as_a_number(text):
+    """`--loss beta=nan` (and TRL's sgrpo_loss) used to be refused as "got str": the text is now read as the number it
+    spells, so the field's own finiteness check names the value."""
+    with pytest.raises(ValueError, match=r"LossConfig\.beta must be finite"):
+        rl.preset_with("s_grpo", f"beta={text}")

@@ -201,7 +201,8 @@ PRESETS: dict[str, Callable[[], LossConfig]] = {
 
 
 def parse_value(text: str):
-    """One override value: JSON when it parses (numbers, true/false), none/null -> None, else the string itself."""
+    """One override value: JSON when it parses (numbers, true/false), none/null -> None, a float spelling (nan,
+    inf) -> that float, else the string itself."""
     import json
 
     if text.strip().lower() in ("none", "null"):
@@ -209,6 +210,10 @@ def parse_value(text: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError:
+        pass
+    try:  # nan, inf, -inf: a number that the field's own check then refuses by its value, not as text
+        return float(text)
+    except ValueError:
         return text.strip()
 
 
