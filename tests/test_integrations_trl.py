@@ -172,7 +172,7 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"sgrpo_loss": "beta=nan"}, ["sgrpo_loss", "beta='nan'", ">= 0.0"]),  # was "must be a Python number, got str"
+        ({"sgrpo_loss": "beta=nan"}, ["sgrpo_loss", "beta=nan", ">= 0.0"]),  # was "must be a Python number, got str"
         ({"sgrpo_loss": "epsilon_low=NaN"}, ["sgrpo_loss", "epsilon_low=nan", ">= 0.0", "< 1.0"]),
         ({"sgrpo_loss": "epsilon_low=5"}, ["sgrpo_loss", "epsilon_low=5", ">= 0.0", "< 1.0"]),
         ({"sgrpo_loss": "entropy_fliter=ln2"}, ["sgrpo_loss", "entropy_fliter", "unknown LossConfig field"]),
