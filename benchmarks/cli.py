@@ -20,6 +20,8 @@ SCRIPTS = {
     "rollout": ("bench_rollout", "the rollout engines: HF generate, vLLM fp32 and bf16"),
     "ddp": ("bench_ddp", "the trainer's torchrun data parallelism"),
     "profile": ("profile_gpu", "a torch.profiler trace of the CUDA ops"),
+    "memory": ("memory_on_paper", "model-state bytes with and without a reference model, 135M / 1.5B / 7B"),
+    "task": ("study_task", "a study regime's task: held-out set, base accuracy, completion length and entropy"),
 }
 
 

@@ -1,6 +1,7 @@
 """OUTPUT_DIR/model/ (train/export.py): the trained policy as a Hugging Face folder that `from_pretrained` loads, whose
-greedy held-out answers and accuracy are the run's own; LoRA merged; not written by an interrupted run; deleted by
---overwrite. One slow test does the same with SmolLM2-135M."""
+greedy held-out answers and accuracy are the run's own; LoRA merged; a GGUF loader's quantization_config left out;
+not written by an interrupted run; deleted by --overwrite. One slow test does the same with SmolLM2-135M (loaded from
+its GGUF). Serving the folder with vLLM: tests/test_train_vllm.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import train.loop as loop  # noqa: E402
 from train.evaluate import evaluate  # noqa: E402
+from train.export import export_model  # noqa: E402
 from train.model import CharTokenizer, load_model_and_tokenizer, tiny_model_and_tokenizer  # noqa: E402
 from train.tasks import make_task  # noqa: E402
 
@@ -66,6 +68,23 @@ def test_lora_run_writes_the_merged_model(tmp_path):
     assert ev["eval_acc"] == summary["after"]["eval_acc"]
 
 
+def test_gguf_quantization_config_left_out(tmp_path):
+    """A model de-quantized from a GGUF keeps the loader's quantization_config (quant_method "gguf") on its config;
+    the folder's config.json must not carry it (its weights are plain floats; vLLM would take it for a GGUF
+    checkpoint), and the trainer's model keeps its own config."""
+    model, tok = tiny_model_and_tokenizer(0)
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}  # as the GGUF loader leaves it
+    folder = export_model(model, tok, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["dtype"] == "float32"
+    assert model.config.quantization_config["quant_method"] == "gguf"
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert loaded.lm_head.weight is loaded.get_input_embeddings().weight  # the tied head, stored once, tied again
+    for n, p in loaded.named_parameters():
+        assert torch.equal(p, dict(model.named_parameters())[n]), n
+
+
 def test_interrupted_run_writes_no_model_and_overwrite_deletes_it(tmp_path, monkeypatch):
     out = tmp_path / "run"
     loop.train(tiny_cfg(out, max_steps=1, eval_k=0, kl_every=0), LOSS)
@@ -101,6 +120,7 @@ def test_smollm2_model_folder_reproduces_heldout_accuracy(tmp_path):
     summary = loop.train(cfg, LOSS)
     folder = out / "model"
     assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= set(os.listdir(folder))
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # de-quantized floats
     model, tok = load_model_and_tokenizer(str(folder), torch.device("cpu"), torch.float32)
     task, heldout = heldout_of(cfg)
     ev = evaluate(model, tok, heldout, cfg, system_prompt=task.system_prompt)

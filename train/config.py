@@ -230,6 +230,11 @@ class TrainConfig:
     save_every: int = option(10, "checkpoint every k steps (also at the end, on signals, errors)", Range(ge=0))
     collapse_entropy: float = option(0.05, "collapse flag: mean entropy below this ...", Range(ge=0))
     collapse_window: int = option(3, "... for this many steps, every group's rewards all equal", Range(ge=1))
+    log_mechanism: bool = option(
+        False,
+        "mechanism metrics in every step record: update_norm (||theta - theta_old|| of the step) and the likelihood "
+        "displacement of the step's completions under the new weights (ld_*; one more forward-only pass a step)",
+    )
     progress: bool = option(True, "progress bars (plain lines when stderr is not a terminal)")
     report_to: str = option(
         "none",
@@ -301,6 +306,7 @@ RESUME_SAFE = frozenset(
         "vllm_kv_cache_gb",  # the vLLM engine's cache size (its completions do not depend on it)
         "report_to",  # where the metrics are also logged
         "save_model",
+        "log_mechanism",  # measures only: the weights and the random streams are the same with it or without
     }
 )
 

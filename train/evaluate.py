@@ -7,12 +7,15 @@ NaN (null in metrics.jsonl)."""
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import torch
 
 from .config import TrainConfig
 from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
 from .rollout import Sampling, majority, rollout
+from .run.metrics import dumps
 from .run.progress import progress_bar
 from .run.rng import fork_rng
 
@@ -32,7 +35,8 @@ def evaluate(
     on `k_subset` (default: the first `eval_k_problems` problems). Uses its own RNG (forked), so evaluating never
     changes the training trajectory. When `cfg.progress`, a bar named `desc` counts the problems (greedy), then
     another the pass@k subset. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over
-    ranks."""
+    ranks, and each problem's outcome (`eval_correct`: a list of bools, in the order of `problems`; `eval_acc` is its
+    mean)."""
     k = cfg.eval_k
     subset = (problems[: cfg.eval_k_problems] if k_subset is None else k_subset) if k > 0 else []
     bar = progress_bar(cfg.progress, len(problems), desc)  # the problems evaluated; pass@k: a bar of its own
@@ -52,7 +56,8 @@ def evaluate(
         with fork_rng(device):
             torch.manual_seed(cfg.seed + 12345)
             greedy = run(True, 1, problems)
-            n_right = sum(r > 0 for r in correctness_rewards(greedy, [p.answer for p in problems]))
+            correct = [bool(r > 0) for r in correctness_rewards(greedy, [p.answer for p in problems])]
+            n_right = sum(correct)
             counts = {"right": n_right, "n": len(problems), "k_n": len(subset)}
             acc = n_right / len(problems) if problems else math.nan
             out = {
@@ -76,6 +81,7 @@ def evaluate(
                 out[f"eval_pass@{k}"] = counts["pass"] / len(subset) if subset else math.nan
                 out[f"eval_maj@{k}"] = counts["maj"] / len(subset) if subset and "maj" in counts else math.nan
             out["eval_counts"] = counts
+            out["eval_correct"] = correct  # per problem, in order: the greedy completion is correct
     finally:
         if bar is not None:
             bar.close()
@@ -87,9 +93,10 @@ def answers_match_text(text: str, answer: str) -> bool:
     return correctness_reward(text, answer) > 0
 
 
-def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> dict:
-    """`evaluate` on the held-out set at `step` -> its eval event record (printed when `label` is given). The caller
-    writes it to metrics.jsonl."""
+def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> tuple[dict, list[bool]]:
+    """`evaluate` on the held-out set at `step` -> (its eval event record, printed when `label` is given; each
+    held-out problem's outcome, in held-out order). The caller writes the record to metrics.jsonl and the outcomes to
+    heldout.jsonl."""
     name = label or f"step {step}"
     desc = f"held-out eval ({name})"
     if run.dist.enabled:
@@ -97,18 +104,24 @@ def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> 
     else:
         ev = evaluate(run.model, run.tok, run.heldout, cfg, run.engine, run.system_prompt, desc)
     ev.pop("eval_counts")
+    correct = ev.pop("eval_correct")
     if label is not None:
         print(f"held-out {label + ':':<7} acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
-    return {"step": step, "event": "eval", **ev}
+    return {"step": step, "event": "eval", **ev}, correct
 
 
 def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
     """The held-out evaluation of a torchrun job: rank r takes problems r, r + W, r + 2W, ... (and of the pass@k
-    subset the same way); the counts are summed over ranks into the same rates a single process reports."""
+    subset the same way); the counts are summed over ranks into the same rates a single process reports, and the
+    per-problem outcomes put back in held-out order (on every rank)."""
     r, w, k = run.dist.rank, run.dist.world, cfg.eval_k
     mine, subset = run.heldout[r::w], run.heldout[: cfg.eval_k_problems][r::w]
     ev = evaluate(run.model, run.tok, mine, cfg, run.engine, run.system_prompt, desc, k_subset=subset)
-    totals = {key: sum(c[key] for c in run.dist.objects(ev["eval_counts"])) for key in ev["eval_counts"]}
+    gathered = run.dist.objects((ev["eval_counts"], ev["eval_correct"]))
+    totals = {key: sum(c[key] for c, _ in gathered) for key in ev["eval_counts"]}
+    correct: list = [None] * len(run.heldout)
+    for rank, (_, outcomes) in enumerate(gathered):
+        correct[rank::w] = outcomes
     acc = totals["right"] / totals["n"]
     out = {"eval_acc": acc, "eval_acc_se": math.sqrt(acc * (1 - acc) / totals["n"]), "eval_n": totals["n"]}
     out["eval_samples"] = ev["eval_samples"]  # rank 0's first problems
@@ -116,6 +129,7 @@ def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
         out[f"eval_pass@{k}"] = totals["pass"] / totals["k_n"]
         out[f"eval_maj@{k}"] = totals["maj"] / totals["k_n"] if "maj" in totals else math.nan
     out["eval_counts"] = totals
+    out["eval_correct"] = correct
     return out
 
 
@@ -128,3 +142,33 @@ def compare_heldout(summary: dict) -> None:
     summary["delta_in_se"] = summary["delta"] / diff_se if diff_se > 0 else None
     in_se = f" ({summary['delta_in_se']:+.1f} standard errors)" if summary["delta_in_se"] is not None else ""
     print(f"held-out change: {summary['delta']:+.3f}{in_se}")
+
+
+HELDOUT_FILE = "heldout.jsonl"  # in OUTPUT_DIR
+
+
+def heldout_lines(problems: list, outcomes: dict | None) -> list[dict]:
+    """heldout.jsonl's records: one per held-out problem, in held-out order: `id` (its index in the held-out list),
+    `q` (the question), `answer`, and whether its greedy completion was correct `before` and `after` training and at
+    each intermediate evaluation (`at`: {"STEP": bool}); null (`at`: {}) for an evaluation not run (yet).
+    `outcomes`: {"before": [bool] | None, "after": [bool] | None, "at": {"STEP": [bool]}} (LoopState.heldout)."""
+    outcomes = outcomes or {}
+    before, after, at = outcomes.get("before"), outcomes.get("after"), outcomes.get("at") or {}
+    return [
+        {
+            "id": i,
+            "q": p.question,
+            "answer": str(p.answer),
+            "before": before[i] if before is not None else None,
+            "after": after[i] if after is not None else None,
+            "at": {step: at[step][i] for step in sorted(at, key=int)},
+        }
+        for i, p in enumerate(problems)
+    ]
+
+
+def write_heldout(path: Path, problems: list, outcomes: dict | None) -> None:
+    """OUTPUT_DIR/heldout.jsonl (`heldout_lines`), atomically: a temporary file renamed over it."""
+    tmp = Path(path).with_name(Path(path).name + ".tmp")
+    tmp.write_text("".join(dumps(line) + "\n" for line in heldout_lines(problems, outcomes)))
+    os.replace(tmp, path)

@@ -24,7 +24,7 @@ from pathlib import Path
 from .config import TrainConfig
 from .distributed import Dist, from_env, shutdown
 from .errors import Refused
-from .evaluate import compare_heldout, heldout_eval
+from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
 from .export import export_model, folder_mb
 from .probe import kl_from_init
 from .record import reset_train_peak
@@ -82,11 +82,11 @@ def run_phase(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar
         save(cfg, run, state, log)
         return
     t = time.time()
-    result = None
+    result = correct = None
     if phase == "kl" and run.probe is not None:  # (no probe: --kl-every 0 on a resume; nothing to measure)
         result = kl_from_init(run.model, run.probe, run.sampling.temperature, run.backend)
     elif phase in ("before", "eval", "after"):
-        result = heldout_eval(cfg, run, state.step, phase if phase != "eval" else None)
+        result, correct = heldout_eval(cfg, run, state.step, phase if phase != "eval" else None)
     with STOP.held():
         rec = state.record
         if phase == "kl":
@@ -105,7 +105,20 @@ def run_phase(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar
                 state.before = ev
             elif phase == "after":
                 state.after, state.finished = ev, True
+            record_outcomes(run, state, phase, correct)
         state.pending.pop(0)
+
+
+def record_outcomes(run: Run, state: LoopState, phase: str | None = None, correct: list[bool] | None = None) -> None:
+    """The per-problem outcomes of the evaluation `phase` ("before", "eval", "after") into the state, then
+    OUTPUT_DIR/heldout.jsonl rewritten from the state (rank 0; atomically): the file says what the state, and so its
+    next checkpoint, holds (a resume rewrites it from the checkpoint's)."""
+    if phase == "eval":
+        state.heldout["at"][str(state.step)] = correct
+    elif phase in ("before", "after"):
+        state.heldout[phase] = correct
+    if run.dist.is_main:
+        write_heldout(run.out_dir / HELDOUT_FILE, run.heldout, state.heldout)
 
 
 def over_budget(cfg: TrainConfig, state: LoopState, t_train: float) -> bool:
@@ -186,6 +199,7 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
         run = setup(cfg, loss_cfg, model_and_tokenizer, ctx)
         state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
         reset_train_peak(run.device)  # train_peak_mem_mb: from here on (the models are resident, loading is over)
+        record_outcomes(run, state)  # heldout.jsonl from the start (a resume: the outcomes of its checkpoint)
         if state.finished and state.step >= cfg.max_steps and not state.pending:
             print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
         stopped_by = None

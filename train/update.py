@@ -23,6 +23,7 @@ from sgrpo_kernels.integrations.hf import lm_head
 from sgrpo_kernels.rl import GroupSignals, logp_mismatch, truncated_importance_weights
 
 from .distributed import Dist
+from .mechanism import head_logprobs, measure, snapshot
 from .policy import completion_targets, reference_logprobs, token_logprobs
 from .rollout import Batch
 from .run.signals import STOP
@@ -39,6 +40,11 @@ class Update:
     # sampler log-probs (HF generate samples from the trainer's own forward)
     notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
     applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
+    # --log-mechanism (train/mechanism.py): the log-probs [N, T] the first pass's loss saw (detached), then the
+    # step's update norm and the likelihood displacement's sums (on-device 0-d tensors)
+    old_logp: Tensor | None = None
+    update_norm: float = math.nan
+    mechanism: dict[str, Tensor] | None = None
 
     def skip(self, note: str) -> None:
         self.skipped += 1
@@ -108,6 +114,8 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
         )
     scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
     group_kwargs = sampler_correction(run, batch, groups, inputs, check, update)
+    if run.log_mechanism:  # the policy before the update: PPO epochs' old log-probs, else the first pass's own
+        update.old_logp = inputs.get("old_logp")
 
     def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
         # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
@@ -128,6 +136,8 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             check_targets=check_targets,
             **head.options(),  # bias, logit scale, softcap of this model's head
         )
+        if run.log_mechanism and update.old_logp is None:  # the first pass: its log-probs, from its hidden states
+            update.old_logp = head_logprobs(run.model, hidden, targets, run.sampling.temperature, run.backend)
         if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
             loss = loss * scale
             metrics = {**metrics, "loss": metrics["loss"] * scale}
@@ -175,6 +185,7 @@ def policy_update(run, batch: Batch, groups: GroupSignals, update: Update, step:
     """Every optimizer pass over one rollout batch (`run.features.epochs` of them), then the schedule's step.
     `update` is filled in as it goes: after an exception, `update.applied` says whether the weights moved."""
     check = itertools.chain([None], itertools.repeat(False)).__next__  # None: env SGRPO_CHECK_TARGETS (default on)
+    theta_old = snapshot(run.params) if run.log_mechanism else None
     run.features.before_update()
     forward_loss = loss_function(run, batch, groups, check, update)
     run.model.train()
@@ -183,6 +194,8 @@ def policy_update(run, batch: Batch, groups: GroupSignals, update: Update, step:
         which = f"epoch {epoch + 1}/{epochs}"
         optimizer_pass(run, forward_loss, update, check, which, f"step {step} ({which})")
     run.optimizer.zero_grad(set_to_none=True)
+    if theta_old is not None:  # --log-mechanism: the whole step's update, and what it did to the batch's log-probs
+        update.update_norm, update.mechanism = measure(run, batch, update.old_logp, theta_old)
     with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
         run.scheduler.step()

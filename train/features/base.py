@@ -19,15 +19,9 @@ generator, a history) it returns from `state_dict`; the checkpoint saves that fo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-import torch
-
-
-def global_norm(tensors: Iterable[torch.Tensor]) -> float:
-    """The L2 norm of tensors taken together as one vector, accumulated in float64."""
-    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+from ..mechanism import global_norm  # noqa: F401 (the features' norm; it lives with the step's other measures)
 
 
 class Feature:

@@ -10,7 +10,8 @@ import math
 import torch
 from torch import Tensor
 
-from ..features.base import Feature, global_norm
+from ..features.base import Feature
+from ..mechanism import snapshot, step_norm
 
 
 @torch.no_grad()
@@ -19,13 +20,13 @@ def project_step(params: list[Tensor], old: list[Tensor], delta: float) -> tuple
     computed in the weights' dtype (the result is inside the ball up to their rounding, half an ulp per weight). A
     step inside the ball is left untouched; so is a non-finite one (the step guard deals with it).
     -> (||d|| before, ||d|| after), accumulated in float64."""
-    before = global_norm(p - o for p, o in zip(params, old))
+    before = step_norm(params, old)
     if not math.isfinite(before) or before <= delta:
         return before, before
     f = delta / before
     for p, o in zip(params, old):
         p.copy_(o.lerp(p, f))  # o + f * (p - o)
-    return before, global_norm(p - o for p, o in zip(params, old))
+    return before, step_norm(params, old)
 
 
 class TrustRegion(Feature):
@@ -40,7 +41,7 @@ class TrustRegion(Feature):
         self.fields = {"tr_step_norm": math.nan, "tr_step_norm_after": math.nan, "tr_projected": 0}
 
     def before_optimizer_step(self) -> None:
-        self.old = [p.detach().clone() for p in self.params]  # theta_old
+        self.old = snapshot(self.params)  # theta_old
 
     def after_optimizer_step(self, which: str) -> None:
         norm, norm_after = project_step(self.params, self.old, self.delta)

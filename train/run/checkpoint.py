@@ -30,6 +30,7 @@ from ..run.rng import is_random_state, restore_rng
 FORMAT = 3
 STATE_FILE = "state.pt"
 LOOP_KEYS = ("pending", "record", "before", "after", "finished", "log_lines", "stopped_by_time_budget")
+OPTIONAL_LOOP_KEYS = ("heldout",)  # each held-out problem's outcomes (absent from checkpoints written before them)
 
 
 class CheckpointError(TrainError):
@@ -132,7 +133,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": rngs,
-        "loop": {k: loop[k] for k in LOOP_KEYS},
+        "loop": {k: loop[k] for k in LOOP_KEYS + OPTIONAL_LOOP_KEYS if k in loop},
         "config": dataclasses.asdict(cfg),
         "loss_config": dataclasses.asdict(loss_cfg),
         "features": features,
@@ -198,7 +199,22 @@ def read_checkpoint(file: Path) -> dict:
     )
     _require(loop["record"] is None or isinstance(loop["record"], dict), file, what, "record")
     _require(isinstance(loop["log_lines"], int) and loop["log_lines"] >= 0, file, what, "log_lines")
+    _require(_heldout_ok(loop.get("heldout")), file, what, "heldout")
     return ck
+
+
+def _heldout_ok(h) -> bool:
+    """None, or {"before": [bool] | None, "after": [bool] | None, "at": {"STEP": [bool]}}."""
+
+    def outcomes(v) -> bool:
+        return v is None or (isinstance(v, list) and all(isinstance(x, bool) for x in v))
+
+    if h is None:
+        return True
+    if not (isinstance(h, dict) and outcomes(h.get("before")) and outcomes(h.get("after"))):
+        return False
+    at = h.get("at", {})
+    return isinstance(at, dict) and all(isinstance(k, str) and outcomes(v) for k, v in at.items())
 
 
 def _finite_number(x) -> bool:

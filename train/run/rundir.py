@@ -25,6 +25,8 @@ RUN_FILES = (
     "config.json.tmp",
     "probe.pt",
     "probe.pt.tmp",
+    "heldout.jsonl",
+    "heldout.jsonl.tmp",
     f"checkpoint/{STATE_FILE}",
     f"checkpoint/{STATE_FILE}.tmp",
 )

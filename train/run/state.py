@@ -3,7 +3,7 @@ on an interrupt or an error. What a checkpoint holds, and why that is enough for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
 from ..run.metrics import MetricsLog
@@ -26,6 +26,9 @@ class LoopState:
     after: dict | None = None  # the held-out eval after training (of step `step` when `finished`)
     finished: bool = False  # "after" has run for `step`
     stopped_by_time_budget: bool = False
+    # each held-out problem's greedy outcome: {"before": [bool] | None, "after": [bool] | None, "at": {"STEP": [bool]}}
+    # (heldout.jsonl; evaluate.heldout_lines)
+    heldout: dict = field(default_factory=lambda: {"before": None, "after": None, "at": {}})
     saved_step: int | None = None  # not saved: the step of the last checkpoint written (or resumed from)
     torn: bool = False  # not saved: an exception hit between an optimizer step and its commit; nothing to checkpoint
 
@@ -67,6 +70,8 @@ def resume(run, ckpt: dict) -> tuple[LoopState, int]:
     state = LoopState(
         step=ckpt["step"], rngs=rngs, features=features, **{k: loop[k] for k in LOOP_KEYS if k != "log_lines"}
     )
+    if loop.get("heldout") is not None:  # (a checkpoint written before heldout.jsonl existed has none)
+        state.heldout = {"before": None, "after": None, "at": {}} | loop["heldout"]
     state.saved_step = state.step
     todo = f" (still to run for it: {', '.join(state.pending)})" if state.pending else ""
     print(f"resumed from step {state.step}{todo}")
@@ -77,6 +82,7 @@ def save(cfg, run, state: LoopState, log: MetricsLog) -> None:
     """Checkpoint the state. In a torchrun job every rank calls it (the RNG and feature states are gathered) and
     rank 0 writes (the weights and optimizer state are the same on every rank)."""
     loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
+    loop["heldout"] = state.heldout
     rank_rngs = run.dist.objects(state.rngs) if run.dist.enabled else None
     features = run.dist.objects(state.features)
     if run.dist.is_main:

@@ -147,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.report / "runs").is_dir():
             print(f"--report {args.report}: no runs/ folder there (expected a study's results folder)", file=sys.stderr)
             return 2
-        write_report(args.report, figure=not args.no_figure)
-        print(f"report: {args.report / 'study.md'}")
+        try:
+            write_report(args.report, figure=not args.no_figure)
+        except ValueError as exc:  # e.g. a heldout.jsonl that disagrees with its summary.json: refused, named
+            print(f"--report {args.report}: {exc}", file=sys.stderr)
+            return 2
+        extra = ("study_heldout.csv",) + (() if args.no_figure else ("study_forest.png", "study_curves.png"))
+        extra = [n for n in extra if (args.report / n).is_file()]
+        print(f"report: {args.report / 'study.md'}" + (f" (and {', '.join(extra)})" if extra else ""))
         return 0
     name = args.name or args.regime
     out, work = args.out or RESULTS / name, args.work or WORK / name

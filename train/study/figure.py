@@ -81,3 +81,40 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
     )
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path) -> None:
+    """The paired differences of held-out accuracy after training, one panel per baseline (`tests`: {baseline: {arm:
+    stats.compare(...)}}): per arm the mean difference over seeds with its t-based 95% interval (line) and the
+    bootstrap interval (thick bar), a line at 0; an interval crossing it is within noise."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tests = {b: t for b, t in tests.items() if t}
+    rows = max(len(t) for t in tests.values())
+    fig, axes = plt.subplots(1, len(tests), figsize=(6.2 * len(tests), 1.2 + 0.42 * rows), constrained_layout=True,
+                             squeeze=False)  # fmt: skip
+    for ax, (baseline, table) in zip(axes.flat, tests.items()):
+        arms = list(table)[::-1]  # the first arm at the top
+        for y, arm in enumerate(arms):
+            t, boot = table[arm]["after"], table[arm]["bootstrap_ci"]
+            beyond = "within" not in table[arm]["reading"] and t["n"] > 1
+            colour = "tab:red" if beyond else "tab:blue"
+            if all(math.isfinite(v) for v in boot):
+                ax.plot(boot, [y, y], color=colour, lw=5, alpha=0.3, solid_capstyle="butt")
+            if all(math.isfinite(v) for v in t["ci"]):
+                ax.errorbar(t["mean"], y, xerr=[[t["mean"] - t["ci"][0]], [t["ci"][1] - t["mean"]]], fmt="none",
+                            ecolor=colour, elinewidth=1.2, capsize=3)  # fmt: skip
+            ax.plot([t["mean"]], [y], "o", color=colour, ms=5)
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(arms)), [f"{a} ({table[a]['after']['n']})" for a in arms])
+        ax.set_ylim(-0.7, len(arms) - 0.3)
+        ax.set_xlabel(f"held-out accuracy after training: arm - {baseline}")
+        ax.set_title(f"against {baseline}", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"Study '{regime}': paired difference per seed, mean with t 95% CI (line) and bootstrap 95% CI "
+                 "(bar); red: beyond noise; (seeds)", fontsize=10)  # fmt: skip
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -101,6 +101,21 @@ REGIMES: dict[str, dict[str, str]] = {
     # problems instead of 200 (the seed-to-seed spread dominates the error; see docs/study.md) evaluated every 10
     # steps for the accuracy curve.
     "default": {"eval_problems": "100", "eval_every": "10"},
+    # The decisive study (docs/study.md, "The decisive study"): a task with room (arithmetic levels 2, 3, 5 with a
+    # step-by-step format; 500 distinct held-out problems, base greedy accuracy 0.138 on seed 0's, completions 31.5
+    # tokens on average), 60 steps, the mechanism fields logged every step, vLLM rollouts (the same engine in every
+    # arm; run the study from the vLLM venv). The learning rate is the calibrated variable: `--set lr=...`.
+    "decisive": {
+        "difficulty": "2,3,5",
+        "system_prompt": "Show your calculation step by step, then write 'The answer is N.'",
+        "max_new_tokens": "48",
+        "max_steps": "60",
+        "eval_problems": "500",
+        "eval_k": "0",
+        "eval_every": "0",
+        "use_vllm": "on",
+        "log_mechanism": "true",
+    },
     # Peak memory of each arm, short (docs/study.md, "Memory"): partial fine-tuning (the default), all layers, LoRA.
     "memory-partial": {"max_steps": "3", "eval_problems": "20", "eval_k": "0"},
     "memory-full": {"max_steps": "3", "eval_problems": "20", "eval_k": "0", "train_layers": "-1"},

@@ -11,9 +11,11 @@ import statistics
 from pathlib import Path
 
 from ..stability import RULES
-from ..study.figure import plot_study
+from ..study import stats
+from ..study.curves import plot_curves
+from ..study.figure import plot_forest, plot_study
 from ..study.grid import RESEARCH_ARMS
-from ..study.results import finished_runs, load_run, read_manifest, write_json
+from ..study.results import finished_runs, load_heldout, load_run, read_manifest, write_json
 
 BASELINE = "grpo"
 # A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:
@@ -191,8 +193,12 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
 
 
 def write_report(study_dir: Path, order: list[str] | None = None, figure: bool = True) -> dict:
-    """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png)."""
-    runs = [load_run(p) for p in finished_runs(study_dir)]
+    """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png). When runs
+    have heldout.jsonl, also the per-problem tests against grpo and grpo_nokl (a section of study.md, a key of
+    study.json, study_heldout.csv, study_forest.png and study_curves.png); a study without them is reported as
+    before, byte for byte."""
+    dirs = finished_runs(study_dir)
+    runs = [load_run(p) for p in dirs]
     if not runs:
         raise ValueError(f"{study_dir}: no finished runs under {study_dir / 'runs'}")
     manifest = read_manifest(study_dir) or {}
@@ -200,6 +206,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     order = order or list(manifest.get("arms", {}))
     aggs = aggregate(runs, order)
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
+    held, tests = heldout_tests(dirs, runs, list(aggs))
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
@@ -213,10 +220,158 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             "overrides": manifest.get("overrides"),
             "arms": aggs,
             **{f"paired_vs_{b}": d for b, d in diffs.items()},
+            **({"heldout_tests": {f"vs_{b}": t for b, t in tests.items()}} if held else {}),
             "runs": runs,
         },  # fmt: skip
     )
-    (study_dir / "study.md").write_text(markdown(regime, manifest, aggs, diffs, runs))
+    text = markdown(regime, manifest, aggs, diffs, runs)
+    if held:
+        text += heldout_markdown(tests, held, len(runs))
+        write_heldout_csv(study_dir / "study_heldout.csv", tests)
+    (study_dir / "study.md").write_text(text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
-    return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs}
+        if held:
+            if any(tests.values()):
+                plot_forest(tests, regime, study_dir / "study_forest.png")
+            plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")
+    return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests}
+
+
+# ------------------------------------------------------------------------------------- per-problem held-out tests
+
+HELDOUT_BASELINES = ("grpo", "grpo_nokl")  # with a reference, and the naive reference-free baseline
+
+
+def heldout_tests(dirs: list[Path], runs: list[dict], order: list[str]) -> tuple[dict, dict]:
+    """({arm: {seed: heldout}} of the runs that have heldout.jsonl (each checked against its summary.json), {baseline:
+    {arm: stats.compare}} for each baseline of HELDOUT_BASELINES present, arms in `order`)."""
+    held: dict[str, dict[int, dict]] = {}
+    for path, run in zip(dirs, runs):
+        h = load_heldout(path)
+        if h is not None:
+            held.setdefault(run["arm"], {})[run["seed"]] = h
+    tests = {}
+    for b in HELDOUT_BASELINES:
+        if b in held:
+            tests[b] = {a: stats.compare(held[a], held[b], a, b) for a in order
+                        if a != b and a in held and set(held[a]) & set(held[b])}  # fmt: skip
+    return held, tests
+
+
+def _p(p: float) -> str:
+    return "n/a" if not math.isfinite(p) else "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _p_is(p: float) -> str:
+    return "p < 0.001" if math.isfinite(p) and p < 0.001 else f"p = {_p(p)}"
+
+
+def _signed(x: float) -> str:
+    """+0.123; a value that rounds to zero is +0.000, never -0.000."""
+    return f"{round(x, 3) + 0.0:+.3f}" if math.isfinite(x) else "n/a"
+
+
+def _ci(ci: list[float]) -> str:
+    return "n/a" if not all(math.isfinite(v) for v in ci) else f"[{_signed(ci[0])}, {_signed(ci[1])}]"
+
+
+def _f(x: float, fmt: str = ".3f") -> str:
+    return f"{x:{fmt}}" if math.isfinite(x) else "n/a"
+
+
+def _tests_table(baseline: str, table: dict, key: str = "after") -> list[str]:
+    what = "after" if key == "after" else "gain"
+    lines = [
+        f"| arm | seeds | problems | {what} − {baseline} | 95% CI (t) | p (t) | SD of differences | MDD (t) | "
+        "McNemar b / c | p (exact) | p (χ², cc) | MDD per problem | bootstrap 95% CI | reading |",
+        "|" + "---|" * 14,
+    ]
+    for arm, r in table.items():
+        t, m = r[key], r["mcnemar"]
+        lines.append(
+            f"| {arm} | {t['n']} | {r['problems']} | {_signed(t['mean'])} | {_ci(t['ci'])} | {_p(t['p'])} | "
+            f"{_f(t['sd'])} | {_f(t['mdd'])} | {m['b']} / {m['c']} | {_p(m['p_exact'])} | {_p(m['p_chi2_cc'])} | "
+            f"{_f(r['mdd_pooled'])} | {_ci(r['bootstrap_ci'])} | {stats.reading(t, baseline)} |"
+        )
+    return lines
+
+
+def _in_words(arm: str, baseline: str, r: dict) -> str:
+    t, m = r["after"], r["mcnemar"]
+    if t["n"] < 2:
+        return (
+            f"- `{arm}` − `{baseline}`: {_signed(t['mean'])} on the one shared seed: no test across seeds; per problem "
+            f"{m['b']} right only for {arm}, {m['c']} only for {baseline} (McNemar exact, {_p_is(m['p_exact'])})."
+        )
+    verdict = stats.reading(t, baseline)
+    return (
+        f"- `{arm}` − `{baseline}`: {_signed(t['mean'])} over {t['n']} seeds (95% CI {_signed(t['ci'][0])} to "
+        f"{_signed(t['ci'][1])}, {_p_is(t['p'])}): **{verdict}**. At the observed SD of the per-seed differences "
+        f"({t['sd']:.3f}) this design detects a true difference of about {t['mdd']:.3f} with 80% power. Per problem, "
+        f"pooled over seeds: {m['b']} right only for {arm}, {m['c']} only for {baseline} (McNemar exact, "
+        f"{_p_is(m['p_exact'])}); bootstrap 95% CI {_ci(r['bootstrap_ci'])}."
+    )
+
+
+def heldout_markdown(tests: dict, held: dict, n_runs: int) -> str:
+    """study.md's section of per-problem held-out tests (from heldout.jsonl)."""
+    n_held = sum(len(v) for v in held.values())
+    lines = [
+        "",
+        "## Held-out accuracy: paired tests (per problem, from heldout.jsonl)",
+        "",
+        "Per seed, the difference in held-out accuracy after training (arm − baseline; the same seed draws the same "
+        "held-out problems, paired by id). **Primary test**: paired t over seeds (df = seeds − 1; the unit of "
+        'replication is the training run); "within noise" when its 95% CI covers 0. MDD (t): the smallest true '
+        "difference this design detects with 80% power at two-sided alpha 0.05, (t_0.975 + t_0.80) x SD / sqrt(n), "
+        "at the *observed* SD of the differences. McNemar: b = problems right only for the arm, c = right only for "
+        "the baseline, summed over seeds; exact two-sided binomial p (χ² with continuity correction for reference); "
+        'it treats problems as independent and ignores seed-to-seed spread, so it answers "do these trained models '
+        'differ on these problems", not "does the method differ" (MDD per problem: its normal-approximation '
+        f"analogue, optimistic for the same reason). Bootstrap: seeds, then problems within seeds, resampled "
+        f"({stats.RESAMPLES} times, RNG seed {stats.BOOT_SEED}), percentile interval.",
+    ]
+    if n_held < n_runs:
+        lines += ["", f"{n_runs - n_held} of {n_runs} runs have no heldout.jsonl (made before it was written): left "
+                  "out of these tests."]  # fmt: skip
+    if not tests:
+        lines += ["", f"No baseline arm ({', '.join(HELDOUT_BASELINES)}) has heldout.jsonl: no test."]
+    for baseline, table in tests.items():
+        if not table:
+            continue
+        lines += ["", f"### Against `{baseline}`", "", *_tests_table(baseline, table), ""]
+        lines += [_in_words(arm, baseline, r) for arm, r in table.items()]
+        differs = [a for a, r in table.items() if r["before_differs"]]
+        if differs:
+            lines += [
+                "",
+                f"Held-out accuracy before training differs from `{baseline}`'s for {', '.join(differs)}: "
+                "the change (after − before) tested the same way:",
+                "",
+                *_tests_table(baseline, table, "gain"),
+            ]
+        else:
+            lines += [
+                "",
+                f"Every run's per-problem outcome before training equals `{baseline}`'s (same seed, same "
+                "initial model): the difference in change (after − before) is the difference after.",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+HELDOUT_CSV = ("baseline", "arm", "seeds", "problems", "diff_mean", "ci_lo", "ci_hi", "p_t", "sd_diff", "mdd_t",
+               "gain_diff_mean", "gain_p_t", "mcnemar_b", "mcnemar_c", "p_mcnemar_exact", "p_mcnemar_chi2_cc",
+               "mdd_per_problem", "boot_lo", "boot_hi", "reading")  # fmt: skip
+
+
+def write_heldout_csv(path: Path, tests: dict) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(HELDOUT_CSV)
+        for baseline, table in tests.items():
+            for arm, r in table.items():
+                t, g, m = r["after"], r["gain"], r["mcnemar"]
+                w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
+                            g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
+                            *r["bootstrap_ci"], stats.reading(t, baseline)])  # fmt: skip

@@ -2,6 +2,7 @@
 
     OUT/manifest.json                                  the regime, the arms, one entry per finished run
     OUT/runs/ARM/seedK/config.json, metrics.jsonl, summary.json    a finished run's files, as the trainer wrote them
+    OUT/runs/ARM/seedK/heldout.jsonl                   per held-out problem: right before / after (newer runs only)
     OUT/study.csv, study.json, study.md, study.png     the report, recomputed from the runs alone
 
 A run folder holds the same files as the trainer's --output-dir, so `is_finished` judges both: a trainer's output that
@@ -10,6 +11,9 @@ is finished can be published, a published run that is finished is skipped and re
 from __future__ import annotations
 
 import json
+import math
+import os
+import shutil
 from pathlib import Path
 
 from ..run.metrics import write_json as _write_json
@@ -18,6 +22,9 @@ from ..stability import CollapseRules, run_metrics
 MANIFEST = "manifest.json"
 # A run's files, in the order they are published: summary.json last, because its presence marks the run finished
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
+# Published with them when the trainer wrote it (runs made before it existed lack it, and are still reported)
+OPTIONAL_RUN_FILES = ("heldout.jsonl",)
+HELDOUT = "heldout.jsonl"
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -60,6 +67,60 @@ def load_run(run_dir: Path) -> dict:
         "seed": cfg["seed"],
         **run_metrics(read_records(run_dir), read_summary(run_dir), cfg["max_grad_norm"], rules),
     }
+
+
+def copy_run_files(src: Path, dst: Path) -> None:
+    """Copies a run's files from the trainer's output `src` into its results folder `dst`: the optional ones that
+    exist, then RUN_FILES in order (summary.json last: its presence marks the run finished); each file atomically."""
+    dst.mkdir(parents=True, exist_ok=True)
+    names = [n for n in OPTIONAL_RUN_FILES if (src / n).is_file()] + list(RUN_FILES)
+    for name in names:
+        tmp = dst / (name + ".tmp")
+        shutil.copyfile(src / name, tmp)
+        os.replace(tmp, dst / name)
+
+
+def read_heldout(run_dir: Path) -> dict[int, dict] | None:
+    """The run's heldout.jsonl as {id: {"id", "q", "answer", "before", "after"}}, or None when the run has none (a
+    run made before it was written). A line missing a field, a non-boolean outcome or a repeated id is a ValueError
+    naming the file and line."""
+    path = run_dir / HELDOUT
+    if not path.is_file():
+        return None
+    out: dict[int, dict] = {}
+    with open(path) as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            bad = [k for k, t in (("id", int), ("q", str), ("before", bool), ("after", bool)) if
+                   not isinstance(rec.get(k), t) or (t is int and isinstance(rec.get(k), bool))]  # fmt: skip
+            if bad or rec["id"] in out:
+                what = f"field(s) {', '.join(bad)} missing or mistyped" if bad else f"id {rec['id']} repeated"
+                raise ValueError(f"{path}, line {i}: {what}; expected {{id: int, q: str, before: bool, after: bool}}")
+            out[rec["id"]] = rec
+    return out
+
+
+def load_heldout(run_dir: Path) -> dict[int, dict] | None:
+    """`read_heldout`, checked against the run's summary.json: the accuracies before and after recomputed from the
+    per-problem outcomes must equal the summary's `eval_acc` (and the counts its `eval_n`); a run whose two files
+    disagree is refused (ValueError), because its per-problem tests would not be about the reported numbers."""
+    heldout = read_heldout(run_dir)
+    if heldout is None:
+        return None
+    summary = read_summary(run_dir)
+    n = len(heldout)
+    for phase in ("before", "after"):
+        ev = summary.get(phase, {})
+        acc = sum(r[phase] for r in heldout.values()) / n if n else math.nan
+        want, want_n = ev.get("eval_acc"), ev.get("eval_n", n)
+        if want is None or want_n != n or not math.isclose(acc, want, rel_tol=0, abs_tol=1e-9):
+            raise ValueError(
+                f"{run_dir}: {HELDOUT} gives held-out accuracy {phase} {acc!r} over {n} problems, summary.json "
+                f"says {want!r} over {want_n}: the files disagree, refusing to report per-problem tests on them"
+            )
+    return heldout
 
 
 def read_manifest(study_dir: Path) -> dict | None:

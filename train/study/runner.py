@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..study.grid import RunSpec
-from ..study.results import RUN_FILES, is_finished, load_run, read_manifest, read_summary, write_manifest
+from ..study.results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
 
 
 def environment() -> dict:
@@ -83,12 +82,9 @@ class Active:
 
 
 def publish(spec: RunSpec) -> dict:
-    """Copies the run's files into its result directory (summary.json last: its presence marks the run finished)."""
-    spec.result_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_FILES:
-        tmp = spec.result_dir / (name + ".tmp")
-        shutil.copyfile(spec.work_dir / name, tmp)
-        os.replace(tmp, spec.result_dir / name)
+    """Copies the run's files into its result directory (heldout.jsonl when the run wrote one; summary.json last: its
+    presence marks the run finished)."""
+    copy_run_files(spec.work_dir, spec.result_dir)
     return read_summary(spec.result_dir)
 
 

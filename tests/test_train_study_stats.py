@@ -1,0 +1,264 @@
+"""The study's held-out statistics (train/study/stats.py) against tabulated values (and scipy when it is installed),
+the report's per-problem tests on synthetic run folders (a known difference detected, no difference within noise, a
+heldout.jsonl that disagrees with its summary.json refused), the run files' publication, and the memory-on-paper
+arithmetic (benchmarks/memory_on_paper.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from train.study import stats
+
+# ----------------------------------------------------------------------------------------------- distributions
+
+
+@pytest.mark.parametrize(
+    "q, df, want",  # Student's t table (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2), 3 decimals
+    [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 4, 2.776), (0.975, 9, 2.262), (0.975, 30, 2.042),
+     (0.80, 2, 1.061), (0.80, 4, 0.941), (0.95, 9, 1.833), (0.025, 4, -2.776)],
+)  # fmt: skip
+def test_t_quantiles_match_the_table(q, df, want):
+    assert stats.t_ppf(q, df) == pytest.approx(want, abs=5e-4)
+    assert stats.t_cdf(stats.t_ppf(q, df), df) == pytest.approx(q, abs=1e-10)
+
+
+def test_t_p_values_beta_and_binomial_hand_values():
+    assert stats.t_two_sided_p(2.776445105, 4) == pytest.approx(0.05, abs=1e-8)
+    assert stats.t_two_sided_p(0.0, 3) == pytest.approx(1.0)
+    assert stats.t_two_sided_p(1.0, 1) == pytest.approx(0.5)  # Cauchy: P(|T| >= 1) = 1/2
+    assert stats.betainc(2, 3, 0.5) == pytest.approx(0.6875)  # 11/16
+    assert stats.betainc(1, 1, 0.3) == pytest.approx(0.3)
+    assert stats.binom_two_sided_p(0, 6) == pytest.approx(2 / 64)
+    assert stats.binom_two_sided_p(1, 10) == pytest.approx(2 * 11 / 1024)
+    assert stats.binom_two_sided_p(5, 10) == 1.0 and stats.binom_two_sided_p(0, 0) == 1.0
+    m = stats.mcnemar(2, 12)  # chi2 cc = (10 - 1)^2 / 14
+    assert m["chi2_cc"] == pytest.approx(81 / 14) and m["p_exact"] == pytest.approx(2 * (1 + 14 + 91) / 2**14)
+    assert stats.chi2_1_sf(3.841458820694124) == pytest.approx(0.05, abs=1e-9)
+    with pytest.raises(ValueError, match="0 < q < 1"):
+        stats.t_ppf(1.0, 3)
+
+
+def test_distributions_agree_with_scipy():
+    sp = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 5, 9, 29, 200):
+        for q in (0.6, 0.8, 0.975, 0.999):
+            assert stats.t_ppf(q, df) == pytest.approx(sp.t.ppf(q, df), rel=1e-9)
+        for t in (0.1, 1.3, 2.5, 7.0):
+            assert stats.t_two_sided_p(t, df) == pytest.approx(2 * sp.t.sf(t, df), rel=1e-9)
+    for b, c in ((0, 5), (3, 9), (40, 34), (120, 150)):
+        assert stats.mcnemar(b, c)["p_exact"] == pytest.approx(sp.binomtest(b, b + c).pvalue, rel=1e-9)
+
+
+def test_paired_t_and_mdd_hand_computed():
+    r = stats.paired_t([0.1, 0.2, 0.0])  # mean 0.1, sd 0.1, se 0.0577, t 1.732, df 2
+    assert r["mean"] == pytest.approx(0.1) and r["sd"] == pytest.approx(0.1) and r["df"] == 2
+    assert r["t"] == pytest.approx(math.sqrt(3)) and r["p"] == pytest.approx(0.2254033307585, rel=1e-9)
+    assert r["ci"] == pytest.approx([0.1 - 4.302652729 * 0.1 / math.sqrt(3), 0.1 + 4.302652729 * 0.1 / math.sqrt(3)])
+    assert r["mdd"] == pytest.approx((4.302652729 + 1.060660172) * 0.1 / math.sqrt(3))
+    assert stats.mdd_paired(0.1, 5) == pytest.approx((2.776445105 + 0.940964577) * 0.1 / math.sqrt(5))
+    one = stats.paired_t([0.3])
+    assert one["mean"] == 0.3 and math.isnan(one["p"]) and math.isnan(one["mdd"])
+    same = stats.paired_t([0.0, 0.0, 0.0])
+    assert same["p"] == 1.0 and same["ci"] == [0.0, 0.0]
+    assert stats.reading(stats.paired_t([0.1, 0.11, 0.12]), "grpo") == "higher than grpo beyond noise"
+    assert stats.reading(r, "grpo") == "within noise" and stats.reading(one, "grpo") == "one seed: no test"
+
+
+def test_bootstrap_is_fixed_and_covers_the_mean():
+    rng = random.Random(3)
+    per_seed = [[rng.choice([-1, 0, 0, 1, 1]) for _ in range(50)] for _ in range(4)]
+    ci = stats.bootstrap_ci(per_seed)
+    assert ci == stats.bootstrap_ci(per_seed)  # fixed RNG seed: the report recomputes to the same bytes
+    mean = sum(sum(d) / len(d) for d in per_seed) / len(per_seed)
+    assert ci[0] < mean < ci[1]
+    assert stats.bootstrap_ci([[0] * 10] * 3) == [0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------------------------- synthetic runs
+
+
+def write_run(study: Path, arm: str, seed: int, before: list[bool], after: list[bool], mechanism: bool = False,
+              summary_after: float | None = None) -> Path:  # fmt: skip
+    """A finished run's files as the trainer writes them (6 steps), with heldout.jsonl."""
+    d = study / "runs" / arm / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = {"seed": seed, "collapse_window": 3, "collapse_entropy": 0.05, "max_grad_norm": 1.0}
+    (d / "config.json").write_text(json.dumps({"train": cfg}))
+    acc_b, acc_a = sum(before) / len(before), sum(after) / len(after)
+    recs = [{"step": 0, "event": "eval", "eval_acc": acc_b}]
+    for s in range(1, 7):
+        r = {"step": s, "entropy_mean": 1.0 - 0.1 * s + 0.01 * seed, "accuracy": 0.3, "reward_mean": 0.3 + 0.01 * s,
+             "zero_var_frac": 0.5, "format_frac": 0.8, "grad_norm": 0.5 + 0.1 * seed, "step_s": 1.0,
+             "tokens_per_s": 10.0, "peak_mem_mb": 100.0,
+             "kl_from_init": 0.1 * s if s in (2, 4, 6) else None}  # fmt: skip
+        if mechanism:
+            r |= {"update_norm": 0.01 * s, "ld_correct_shared": -0.02 * s, "ld_correct": 0.1, "ld_wrong": -0.1,
+                  "ld_displaced_frac": None}  # fmt: skip
+        recs.append(r)
+    recs.append({"step": 6, "event": "eval", "eval_acc": acc_a})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    lines = [{"id": i, "q": f"{i} + 1", "answer": str(i + 1), "before": b, "after": a}
+             for i, (b, a) in enumerate(zip(before, after))]  # fmt: skip
+    (d / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    after_acc = acc_a if summary_after is None else summary_after
+    summary = {"before": {"eval_acc": acc_b, "eval_n": len(before)}, "after": {"eval_acc": after_acc,
+               "eval_n": len(after)}, "steps": 6}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def make_study(root: Path, gain: int, noise: list[int], n: int = 100, seeds: int = 5) -> Path:
+    """grpo, grpo_nokl and s_grpo over `seeds` seeds: s_grpo gets `gain + noise[seed]` more problems right than grpo
+    (grpo_nokl: as grpo, one problem moved)."""
+    rng = random.Random(0)
+    for seed in range(seeds):
+        before = [rng.random() < 0.3 for _ in range(n)]
+        base = [rng.random() < 0.5 for _ in range(n)]
+        arm = list(base)
+        k = gain + noise[seed]
+        flip = [i for i in range(n) if arm[i] != (k > 0)]  # k > 0: wrong ones made right; k < 0: the reverse
+        for i in flip[: abs(k)]:
+            arm[i] = k > 0
+        nokl = list(base)
+        nokl[seed], nokl[seed + 50] = base[seed + 50], base[seed]
+        write_run(root, "grpo", seed, before, base, mechanism=True)
+        write_run(root, "grpo_nokl", seed, before, nokl, mechanism=True)
+        write_run(root, "s_grpo", seed, before, arm, mechanism=True)
+    return root
+
+
+def test_report_detects_a_known_difference(tmp_path):
+    from train.study.report import write_report
+
+    study = make_study(tmp_path / "study", gain=12, noise=[0, 2, -2, 1, -1])  # +0.12 a seed, SD 0.016
+    out = write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
+    r = out["heldout_tests"]["grpo"]["s_grpo"]
+    assert r["after"]["n"] == 5 and r["after"]["mean"] == pytest.approx(0.12)
+    assert r["after"]["ci"][0] > 0 and r["after"]["p"] < 0.001
+    assert r["mcnemar"]["b"] == 60 and r["mcnemar"]["c"] == 0 and r["mcnemar"]["p_exact"] < 1e-10
+    assert r["bootstrap_ci"][0] > 0 and r["reading"] == "higher than grpo beyond noise"
+    assert r["after"]["mdd"] == pytest.approx(stats.mdd_paired(r["after"]["sd"], 5))
+    assert r["before_differs"] is False and r["gain"]["mean"] == pytest.approx(0.12)
+    assert set(out["heldout_tests"]) == {"grpo", "grpo_nokl"}
+    md = (study / "study.md").read_text()
+    assert "## Held-out accuracy: paired tests" in md and "### Against `grpo_nokl`" in md
+    assert "| s_grpo | 5 | 500 | +0.120 |" in md and "higher than grpo beyond noise" in md
+    saved = json.loads((study / "study.json").read_text())["heldout_tests"]["vs_grpo"]["s_grpo"]
+    assert saved["mcnemar"]["b"] == 60
+    rows = (study / "study_heldout.csv").read_text().splitlines()
+    assert rows[0].startswith("baseline,arm,seeds") and len(rows) == 1 + 2 + 2  # 2 arms x 2 baselines
+    # the report recomputes to the same bytes (the bootstrap's RNG is fixed)
+    write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
+    assert (study / "study.md").read_text() == md
+
+
+def test_report_finds_no_difference_within_noise(tmp_path):
+    from train.study.report import write_report
+
+    study = make_study(tmp_path / "study", gain=0, noise=[3, -2, 1, -3, 1])  # mean 0, SD 0.025
+    out = write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
+    r = out["heldout_tests"]["grpo"]["s_grpo"]
+    assert r["after"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert r["after"]["ci"][0] < 0 < r["after"]["ci"][1] and r["after"]["p"] > 0.5
+    assert r["mcnemar"]["p_exact"] > 0.5 and r["bootstrap_ci"][0] < 0 < r["bootstrap_ci"][1]
+    assert r["reading"] == "within noise"
+    nokl = out["heldout_tests"]["grpo"]["grpo_nokl"]
+    assert nokl["after"]["mean"] == 0 and nokl["mcnemar"]["b"] == nokl["mcnemar"]["c"]
+    assert "**within noise**" in (study / "study.md").read_text()
+
+
+def test_report_refuses_heldout_that_disagrees_with_summary(tmp_path, capsys):
+    from train.study.__main__ import main
+    from train.study.report import write_report
+
+    study = tmp_path / "study"
+    for seed in range(2):
+        write_run(study, "grpo", seed, [False] * 4, [True, False, False, False])
+    write_run(study, "s_grpo", 0, [False] * 4, [True, True, False, False])
+    write_run(study, "s_grpo", 1, [False] * 4, [True, True, False, False], summary_after=0.75)  # file says 0.5
+    with pytest.raises(ValueError, match="disagree"):
+        write_report(study, figure=False)
+    assert main(["--report", str(study), "--no-figure"]) == 2
+    err = capsys.readouterr().err
+    assert "s_grpo/seed1" in err and "0.5" in err and "0.75" in err
+
+
+def test_heldout_problems_must_pair(tmp_path):
+    study = tmp_path / "study"
+    write_run(study, "grpo", 0, [False] * 3, [True] * 3)
+    d = write_run(study, "s_grpo", 0, [False] * 3, [True] * 3)
+    lines = (d / "heldout.jsonl").read_text().replace('"1 + 1"', '"7 * 7"')
+    (d / "heldout.jsonl").write_text(lines)
+    from train.study.report import write_report
+
+    with pytest.raises(ValueError, match="cannot be paired"):
+        write_report(study, figure=False)
+    (d / "heldout.jsonl").write_text('{"id": 0, "q": "x", "before": 1, "after": true}\n')
+    with pytest.raises(ValueError, match="line 1: field.s. before"):
+        write_report(study, figure=False)
+
+
+def test_a_study_without_heldout_files_gets_no_new_section(tmp_path):
+    from train.study.report import write_report
+
+    study = make_study(tmp_path / "study", gain=5, noise=[0, 0, 0], seeds=3)
+    for p in study.glob("runs/*/seed*/heldout.jsonl"):
+        p.unlink()
+    out = write_report(study, figure=False)
+    assert out["heldout_tests"] == {} and "paired tests" not in (study / "study.md").read_text()
+    assert "heldout_tests" not in json.loads((study / "study.json").read_text())
+    assert not (study / "study_heldout.csv").exists()
+
+
+def test_figures_and_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from train.study.curves import curve_data, step_series
+    from train.study.report import write_report
+
+    recs = [{"step": s, "kl_from_init": {2: 0.2, 5: 0.8}.get(s)} for s in range(1, 7)]
+    assert step_series(recs, "kl_from_init") == {2: 0.2, 5: 0.8}
+    assert step_series(recs, "kl_from_init", interpolate=True) == pytest.approx({2: 0.2, 3: 0.4, 4: 0.6, 5: 0.8})
+    study = make_study(tmp_path / "study", gain=4, noise=[0, 1, -1], seeds=3)
+    data = curve_data(study, ["grpo", "s_grpo"])
+    assert {"entropy_mean", "kl_from_init", "grad_norm", "reward_mean", "update_norm", "ld_correct_shared"} <= set(data)
+    b = data["grad_norm"]["grpo"]  # seeds 0, 1, 2: 0.5, 0.6, 0.7 -> mean 0.6, SE 0.1 / sqrt(3)
+    assert b["n"] == 3 and b["mean"][0] == pytest.approx(0.6) and b["hi"][0] == pytest.approx(0.6 + 0.1 / math.sqrt(3))
+    assert data["kl_from_init"]["grpo"]["steps"] == [2, 3, 4, 5, 6]
+    write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=True)
+    for name in ("study.png", "study_forest.png", "study_curves.png"):
+        assert (study / name).stat().st_size > 10_000, name
+
+
+def test_run_files_are_published_with_heldout_when_present(tmp_path):
+    from train.study.results import copy_run_files, is_finished, read_heldout
+
+    src = write_run(tmp_path / "work", "grpo", 0, [False, True], [True, True])
+    copy_run_files(src, tmp_path / "out" / "a")
+    assert read_heldout(tmp_path / "out" / "a")[1]["after"] is True and is_finished(tmp_path / "out" / "a")
+    (src / "heldout.jsonl").unlink()  # a run made before heldout.jsonl existed
+    copy_run_files(src, tmp_path / "out" / "b")
+    assert read_heldout(tmp_path / "out" / "b") is None and is_finished(tmp_path / "out" / "b")
+    assert sorted(p.name for p in (tmp_path / "out" / "b").iterdir()) == ["config.json", "metrics.jsonl",
+                                                                           "summary.json"]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- memory on paper
+
+
+def test_memory_on_paper_counts_and_shares(tmp_path):
+    from benchmarks import memory_on_paper as mp
+
+    counts = {m.name: m.params() for m in mp.MODELS}
+    assert counts["SmolLM2-135M"] == mp.SMOLLM2_MEASURED == 134_515_008  # the loaded model's count
+    assert counts["Qwen2.5-1.5B"] == 1_543_714_304 and counts["Qwen2.5-7B"] == 7_615_616_512  # "1.54B", "7.61B"
+    assert mp.budget(False) == {"policy": 12, "with_ref": 14, "share": pytest.approx(1 / 7)}
+    assert mp.budget(True)["share"] == pytest.approx(1 / 9)
+    out = tmp_path / "m.md"
+    assert mp.main(["--out", str(out)]) == 0
+    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "memory_on_paper.md"
+    assert out.read_text() == committed.read_text()  # the committed table is what the script writes
