@@ -33,6 +33,19 @@ def assert_refused(call, exc: type[BaseException], words) -> None:
         assert w in str(info.value), (w, str(info.value))
 
 
+class NanGrad(torch.autograd.Function):
+    """Identity forward, NaN gradient backward: a loss whose backward poisons every gradient (the trainer's
+    non-finite-gradient paths)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("nan")
+
+
 def tiny_argv(output_dir, *extra: str) -> list[str]:
     """The command line of a smaller tiny run (2 x 2 completions of at most 4 tokens), then `extra` flags."""
     sizes = {"prompts-per-step": 2, "group-size": 2, "max-new-tokens": 4, "eval-problems": 4, "eval-k": 2}

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import tiny_argv, tiny_cfg  # noqa: E402
+from conftest import NanGrad, tiny_argv, tiny_cfg  # noqa: E402
 
 import train.loop as loop  # noqa: E402
 import train.step as step_module  # noqa: E402
@@ -140,23 +140,13 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert losses[2] != 0.0
 
 
-class _NanGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * float("nan")
-
-
 @pytest.mark.parametrize("kind", ["loss", "grad"])
 def test_non_finite_guard_skips_step(tmp_path, monkeypatch, kind):
     real = update_module.sgrpo_loss
 
     def bad_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
-        return (loss * float("nan") if kind == "loss" else _NanGrad.apply(loss)), metrics
+        return (loss * float("nan") if kind == "loss" else NanGrad.apply(loss)), metrics
 
     monkeypatch.setattr(update_module, "sgrpo_loss", bad_loss)
     model, tok = tiny_model_and_tokenizer(0)

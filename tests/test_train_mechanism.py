@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from conftest import tiny_cfg  # noqa: E402
+from conftest import NanGrad, tiny_cfg  # noqa: E402
 
 import train.rollout as rollout_module  # noqa: E402
 import train.update as update_module  # noqa: E402
@@ -206,22 +206,12 @@ def test_update_norm_is_the_trust_regions_step_norm(tmp_path):
     assert r["update_norm"] == pytest.approx(moved(model, start), rel=1e-6)
 
 
-class _NanGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * float("nan")
-
-
 def test_a_skipped_update_has_norm_zero_and_no_displacement(tmp_path, monkeypatch):
     real = update_module.sgrpo_loss
 
     def bad_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
-        return _NanGrad.apply(loss), metrics
+        return NanGrad.apply(loss), metrics
 
     monkeypatch.setattr(update_module, "sgrpo_loss", bad_loss)
     loop.train(tiny_cfg(tmp_path / "run", max_steps=1, eval_k=0, kl_every=0, save_model=False, log_mechanism=True),
