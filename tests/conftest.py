@@ -23,6 +23,8 @@ from sgrpo_kernels import backends
 TINY_RUN = {"model": "tiny", "max_steps": 3, "prompts_per_step": 2, "group_size": 4, "max_new_tokens": 6}
 TINY_RUN |= {"eval_problems": 6, "eval_k": 2, "eval_k_problems": 3, "probe_size": 3, "kl_every": 1, "progress": False}
 TINY_RUN |= {"warmup_steps": 1, "lr": 1e-3}
+# a step record's timing fields: they differ between identical runs, so record comparisons leave them out
+TIMING = ("tokens_per_s", "gen_s", "step_s", "sync_s", "peak_mem_mb", "train_peak_mem_mb")
 
 
 def assert_refused(call, exc: type[BaseException], words) -> None:

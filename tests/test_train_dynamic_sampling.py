@@ -25,7 +25,6 @@ from train.features.dynamic_sampling import constant_groups, resample  # noqa: E
 from train.rollout import Batch  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
-TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 G = 4
 
 # conftest's tiny run (groups of G), with dynamic sampling, without periodic checkpoints
@@ -225,7 +224,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, where):
     assert isinstance(resample_rng, list) and len(resample_rng[1]) == 625
     monkeypatch.setattr(step_module, "rollout", real)
     loop.train(tiny_cfg(tmp_path / "b", resume=True, **cfg), LOSS)
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in TIMING} for r in recs]  # noqa: E731
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in conftest.TIMING} for r in recs]  # noqa: E731
     assert strip(records(tmp_path / "b")) == strip(records(tmp_path / "ref"))
     a = torch.load(tmp_path / "ref" / "checkpoint" / "state.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "checkpoint" / "state.pt", weights_only=True)

@@ -25,7 +25,7 @@ from train.policy import token_logprobs  # noqa: E402
 from train.rollout import rollout  # noqa: E402
 from train.setup import setup  # noqa: E402
 from train.step import advantages, step_problems  # noqa: E402
-from train.update import Update, sampler_correction  # noqa: E402
+from train.update import Update, policy_update, sampler_correction  # noqa: E402
 
 VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -74,6 +74,24 @@ def test_records_name_the_engine(tmp_path):
     assert [(r["rollout_engine"], r["rollout_logp_diff"]) for r in steps] == [("hf", None), ("hf", None)]
 
 
+def test_step_time_includes_the_engines_weight_sync(tmp_path, monkeypatch):
+    """The engine's weight sync after each step is part of the step's cost: `sync_s` in the record, inside `step_s`,
+    and `tokens_per_s` over the whole. Before: the sync ran after the record was made and was counted nowhere (the
+    vLLM trainer's step times and tokens/s left out a reload of every weight per step)."""
+    import time
+
+    real_sync = HFEngine.sync
+    monkeypatch.setattr(HFEngine, "sync", lambda self, model: time.sleep(0.3) or real_sync(self, model))
+    loop.train(tiny_cfg(tmp_path, max_steps=2, kl_every=0))
+    steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "event" not in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["sync_s"] >= 0.3 and r["step_s"] >= r["gen_s"] + r["sync_s"]
+        tokens = r["completion_len"] * r["completions"]
+        assert r["tokens_per_s"] == pytest.approx(tokens / r["step_s"], rel=1e-6)
+
+
 @pytest.mark.parametrize(("cap", "weight"), [(3.0, 2.0), (1.5, 1.5), (0.0, None)])
 def test_sampler_correction_by_hand(tmp_path, cap, weight):
     """Sampler log-probs set to the trainer's minus ln 2 on every valid token: the measured gap is ln 2, and each
@@ -85,7 +103,7 @@ def test_sampler_correction_by_hand(tmp_path, cap, weight):
     batch.sampler_logp = torch.where(m, trainer - math.log(2.0), torch.zeros_like(trainer))
     groups = advantages(run, batch)
     update = Update()
-    kwargs = sampler_correction(run, batch, groups, {}, lambda: None, update)
+    kwargs = sampler_correction(run, batch, groups, trainer, update)
     assert update.rollout_logp_diff == pytest.approx(math.log(2.0), abs=1e-5)
     base = groups.token_weights if groups.token_weights is not None else torch.ones_like(trainer)
     if weight is None:
@@ -94,8 +112,38 @@ def test_sampler_correction_by_hand(tmp_path, cap, weight):
         torch.testing.assert_close(kwargs["token_weights"][m], weight * base[m], rtol=1e-5, atol=1e-5)
     # no sampler log-probs (HF generate): nothing measured, nothing changed
     batch.sampler_logp, update = None, Update()
-    assert sampler_correction(run, batch, groups, {}, lambda: None, update) == groups.loss_kwargs()
+    assert sampler_correction(run, batch, groups, None, update) == groups.loss_kwargs()
     assert update.rollout_logp_diff is None
+
+
+@pytest.mark.parametrize("mechanism", [False, True])
+def test_sampler_correction_needs_no_forward_of_its_own(tmp_path, monkeypatch, mechanism):
+    """With sampler log-probs (a vLLM rollout) the correction takes the trainer's log-probs from the first pass's own
+    hidden states: one policy forward for the loss (and one more after the step with --log-mechanism), never a
+    forward-only pass before it; the measured gap and the TIS weights are those of a separate forward (bit for bit).
+    Before: every step ran an extra forward of the whole batch for them."""
+    import train.policy as policy
+
+    run = setup(tiny_cfg(tmp_path, tis_cap=3.0, log_mechanism=mechanism), preset("grpo"))
+    batch = rollout(run.model, run.tok, step_problems(run), **run.sampling.kwargs(), engine=run.engine)
+    g = run.sampling.group_size
+    trainer = token_logprobs(run.model, batch, run.sampling.temperature, None, g)
+    m = batch.completion_mask
+    batch.sampler_logp = torch.where(m, trainer - 0.25 * (torch.arange(trainer.shape[1]) % 3), 0.0)
+    separate = Update()
+    expected = sampler_correction(run, batch, advantages(run, batch), trainer, separate)
+    calls = []
+    real = policy.policy_hidden_grouped
+    monkeypatch.setattr(policy, "policy_hidden_grouped", lambda *a, **k: calls.append(1) or real(*a, **k))
+    seen = {}
+    real_correction = sampler_correction
+    monkeypatch.setattr("train.update.sampler_correction", lambda *a: seen.setdefault("kwargs", real_correction(*a)))
+    update = Update()
+    policy_update(run, batch, advantages(run, batch), update, 1)
+    ref_forwards = 1  # the grpo preset's frozen reference (beta 0.04)
+    assert len(calls) == ref_forwards + 1 + int(mechanism)  # + the loss's forward (+ the mechanism's after the step)
+    assert update.applied and update.rollout_logp_diff == separate.rollout_logp_diff > 0.1
+    assert torch.equal(seen["kwargs"]["token_weights"], expected["token_weights"])
 
 
 @pytest.mark.parametrize("cap", [0.5, -1.0])

@@ -31,7 +31,6 @@ from train.config import TrainConfig  # noqa: E402
 from train.run.progress import bar_total  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
-TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 REPO = Path(__file__).resolve().parents[1]
 
 # conftest's tiny run, without periodic checkpoints (a test that wants them says save_every)
@@ -44,7 +43,7 @@ def records(out) -> list[dict]:
 
 
 def strip_timing(recs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in recs]
+    return [{k: v for k, v in r.items() if k not in conftest.TIMING} for r in recs]
 
 
 def saved_state(out) -> dict:

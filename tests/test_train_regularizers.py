@@ -25,7 +25,6 @@ from train.features.grad_penalty import penalize_gradient  # noqa: E402
 from train.features.trust_region import project_step  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on every step of a random model
-TIMING = ("tokens_per_s", "gen_s", "step_s", "peak_mem_mb", "train_peak_mem_mb")
 
 # conftest's tiny run, 2 steps at lr 1e-2 from the first (no warm-up), without periodic checkpoints
 tiny_cfg = functools.partial(conftest.tiny_cfg, max_steps=2, warmup_steps=0, lr=1e-2, save_every=0)
@@ -228,7 +227,7 @@ def test_resume_is_exact(tmp_path, monkeypatch, option):
     assert first["interrupted"] and first["steps"] == 2
     monkeypatch.setattr(step_module, "rollout", real)
     loop.train(tiny_cfg(tmp_path / "b", resume=True, **cfg), LOSS)
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in TIMING} for r in recs]  # noqa: E731
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in conftest.TIMING} for r in recs]  # noqa: E731
     assert strip(steps_of(tmp_path / "b")) == strip(steps_of(tmp_path / "ref"))
     a = torch.load(tmp_path / "ref" / "checkpoint" / "state.pt", weights_only=True)["trainable"]
     b = torch.load(tmp_path / "b" / "checkpoint" / "state.pt", weights_only=True)["trainable"]

@@ -51,6 +51,15 @@ def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:
     return phases
 
 
+def add_time(record: dict, name: str | None, seconds: float) -> None:
+    """Work done for step `record` after its record was made (the engine's weight sync, the KL probe) joins its
+    `step_s` (and `tokens_per_s` falls to match); `name`: the record's own field for that time, if any."""
+    record["tokens_per_s"] *= record["step_s"] / (record["step_s"] + seconds)
+    record["step_s"] += seconds
+    if name is not None:
+        record[name] = seconds
+
+
 def run_step(cfg: TrainConfig, run: Run, state: LoopState) -> None:
     """Step `state.step + 1` and its commit (signals held from its first optimizer step to the commit); then the
     rollout engine takes the new weights."""
@@ -66,7 +75,9 @@ def run_step(cfg: TrainConfig, run: Run, state: LoopState) -> None:
         for note in update.notes:
             print(f"step {state.step}: update skipped, {note}")
         if run.engine is not None:  # after the commit: a failure here leaves a state that can be checkpointed
+            t = time.time()
             run.engine.sync(run.model)
+            add_time(record, "sync_s", time.time() - t)  # the step's cost: its record is not written yet
     except BaseException:
         STOP.release(raise_pending=False)
         raise
@@ -91,9 +102,7 @@ def run_phase(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar
         rec = state.record
         if phase == "kl":
             rec["kl_from_init"] = result
-            dt = time.time() - t  # the probe's time is part of the step's
-            rec["tokens_per_s"] *= rec["step_s"] / (rec["step_s"] + dt)
-            rec["step_s"] += dt
+            add_time(rec, None, time.time() - t)  # the probe's time is part of the step's
         elif phase == "log":
             log.write(rec)
             state.record = None

@@ -55,9 +55,12 @@ def step_norm(params: Iterable[Tensor], old: Iterable[Tensor]) -> float:
 
 
 @torch.no_grad()
-def head_logprobs(model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None) -> Tensor:
+def head_logprobs(
+    model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None, check_targets: bool | None = False
+) -> Tensor:
     """Log-probs [N, T] of `targets` from hidden states [N, T, D] already computed (the loss's own forward): only the
-    LM head runs, with the op and head options of the loss; detached. Positions with target -100 get 0."""
+    LM head runs, with the op and head options of the loss; detached. Positions with target -100 get 0.
+    `check_targets`: as in `linear_logprobs` (default False: the loss's own call checks them)."""
     head = lm_head(model)
     logp, _ = linear_logprobs(
         hidden.detach(),
@@ -66,7 +69,7 @@ def head_logprobs(model, hidden: Tensor, targets: Tensor, temperature: float, ba
         temperature=temperature,
         return_entropy=False,
         backend=backend,
-        check_targets=False,  # the loss's call checked them
+        check_targets=check_targets,
         **head.options(),
     )
     return logp.detach()

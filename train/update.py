@@ -24,7 +24,7 @@ from sgrpo_kernels.rl import GroupSignals, logp_mismatch, truncated_importance_w
 
 from .distributed import Dist
 from .mechanism import head_logprobs, measure, snapshot
-from .policy import completion_targets, reference_logprobs, token_logprobs
+from .policy import completion_targets, reference_logprobs
 from .rollout import Batch
 from .run.signals import STOP
 
@@ -40,9 +40,11 @@ class Update:
     # sampler log-probs (HF generate samples from the trainer's own forward)
     notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
     applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
-    # --log-mechanism (train/mechanism.py): the log-probs [N, T] the first pass's loss saw (detached), then the
-    # step's update norm and the likelihood displacement's sums (on-device 0-d tensors)
+    # the policy's log-probs [N, T] before the update (detached): the PPO epochs' old log-probs, else the first pass's
+    # own; set when the sampler correction (a vLLM rollout) or --log-mechanism needs them, else None
     old_logp: Tensor | None = None
+    # --log-mechanism (train/mechanism.py): the step's update norm and the likelihood displacement's sums (on-device
+    # 0-d tensors)
     update_norm: float = math.nan
     mechanism: dict[str, Tensor] | None = None
 
@@ -76,18 +78,15 @@ def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float
     return None
 
 
-def sampler_correction(run, batch: Batch, groups: GroupSignals, inputs: dict, check, update: Update) -> dict:
+def sampler_correction(run, batch: Batch, groups: GroupSignals, trainer: Tensor | None, update: Update) -> dict:
     """The groups' loss keyword arguments, with the sampler/trainer mismatch of a vLLM rollout measured
     (`update.rollout_logp_diff`) and, with `tis_cap`, corrected: each token's loss weighted by the truncated
-    importance ratio min(pi_trainer / pi_sampler, tis_cap) (TIS), pi_trainer the policy before this batch's update
-    (the PPO epochs' old log-probs when they are computed anyway, else one forward-only pass)."""
+    importance ratio min(pi_trainer / pi_sampler, tis_cap) (TIS). `trainer`: the log-probs [N, T] of the policy
+    before this batch's update (the PPO epochs' old log-probs, else the first pass's own, from its hidden states);
+    None when the rollout has no sampler log-probs (HF generate samples from the trainer's own forward)."""
     kwargs = groups.loss_kwargs()
     if batch.sampler_logp is None:
         return kwargs
-    trainer = inputs.get("old_logp")
-    if trainer is None:
-        g = run.sampling.group_size
-        trainer = token_logprobs(run.model, batch, run.sampling.temperature, run.backend, g, check())
     sampler = batch.sampler_logp.to(trainer.device)
     update.rollout_logp_diff = float(logp_mismatch(trainer, sampler, batch.completion_mask))
     if run.tis_cap:
@@ -103,8 +102,9 @@ def sampler_correction(run, batch: Batch, groups: GroupSignals, inputs: dict, ch
 def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], bool | None], update: Update):
     """The batch's loss as a function of the current weights, `forward_loss(check_targets) -> (loss, metrics)`. What
     does not change between passes is computed here once: the targets, the features' loss inputs (old-policy
-    log-probs), the reference's log-probs (KL presets), the sampler correction of a vLLM rollout and this rank's loss
-    scale."""
+    log-probs), the reference's log-probs (KL presets) and this rank's loss scale; the sampler correction of a vLLM
+    rollout is computed once too, by the first pass, from the policy's log-probs before the update (the PPO epochs'
+    old log-probs, else the first pass's own hidden states through the LM head: no extra forward)."""
     targets = completion_targets(batch)
     inputs = run.features.loss_inputs(batch, check)  # e.g. old_logp of the behaviour policy (PPO epochs)
     if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
@@ -113,13 +113,21 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             run.model, run.ref_model, batch, run.sampling.temperature, run.backend, g, check()
         )
     scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
-    group_kwargs = sampler_correction(run, batch, groups, inputs, check, update)
-    if run.log_mechanism:  # the policy before the update: PPO epochs' old log-probs, else the first pass's own
-        update.old_logp = inputs.get("old_logp")
+    # the policy before the update, when something needs it: PPO epochs' old log-probs, else the first pass's own
+    update.old_logp = inputs.get("old_logp")
+    wants_old = run.log_mechanism or batch.sampler_logp is not None
+    group_kwargs: dict | None = None  # the first pass fills it in
 
     def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
+        nonlocal group_kwargs
         # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
         hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        if wants_old and update.old_logp is None:  # the first pass: its log-probs, from its hidden states
+            update.old_logp = head_logprobs(run.model, hidden, targets, run.sampling.temperature, run.backend,
+                                            check_targets)  # fmt: skip
+            check_targets = False  # checked just now
+        if group_kwargs is None:
+            group_kwargs = sampler_correction(run, batch, groups, update.old_logp, update)
         head = lm_head(run.model)
         loss, metrics = sgrpo_loss(
             hidden,
@@ -136,8 +144,6 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             check_targets=check_targets,
             **head.options(),  # bias, logit scale, softcap of this model's head
         )
-        if run.log_mechanism and update.old_logp is None:  # the first pass: its log-probs, from its hidden states
-            update.old_logp = head_logprobs(run.model, hidden, targets, run.sampling.temperature, run.backend)
         if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
             loss = loss * scale
             metrics = {**metrics, "loss": metrics["loss"] * scale}
