@@ -188,6 +188,37 @@ def test_report_refuses_heldout_that_disagrees_with_summary(tmp_path, capsys):
     assert "s_grpo/seed1" in err and "0.5" in err and "0.75" in err
 
 
+def test_a_study_whose_report_is_refused_says_so_in_one_line(tmp_path, monkeypatch, capsys):
+    """At the end of a study (not --report) a report the run files refuse is one line naming the run and the runs
+    are kept, exit 2; a results folder the report cannot be written into is refused the same way by --report. Before:
+    a traceback (ValueError from the end of the study, PermissionError from --report)."""
+    import train.study.__main__ as study_main
+
+    study = tmp_path / "study"
+    for seed in range(2):
+        write_run(study, "grpo", seed, [False] * 4, [True, False, False, False])
+        write_run(study, "grpo_nokl", seed, [False] * 4, [True, True, False, False], summary_after=0.75 if seed else None)
+    monkeypatch.setattr(study_main, "run_grid", lambda specs, *a, **k: ([s.key for s in specs], []))
+    argv = ["--arms", "grpo,grpo_nokl", "--seeds", "0,1", "--out", str(study), "--work", str(tmp_path / "w")]
+    assert study_main.main([*argv, "--no-figure", "--progress", "false"]) == 2
+    err = capsys.readouterr().err
+    assert "no report was written" in err and "grpo_nokl/seed1" in err and "Traceback" not in err
+    assert len(list(study.glob("runs/*/seed*/summary.json"))) == 4  # nothing lost
+
+    (study / "runs" / "grpo_nokl" / "seed1" / "summary.json").unlink()  # now the report itself is fine ...
+    import train.study.report as report
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise PermissionError(13, "Permission denied")
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(report, "open", read_only, raising=False)  # ... but the folder cannot be written
+    assert study_main.main(["--report", str(study), "--no-figure"]) == 2
+    err = capsys.readouterr().err
+    assert f"--report {study}: cannot write the report there (PermissionError: Permission denied)" in err
+
+
 def test_heldout_problems_must_pair(tmp_path):
     study = tmp_path / "study"
     write_run(study, "grpo", 0, [False] * 3, [True] * 3)

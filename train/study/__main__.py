@@ -133,6 +133,19 @@ def config_argv(path: str) -> list[str]:
     return out
 
 
+def report_problem(folder: Path, order: list[str] | None, figure: bool) -> str | None:
+    """Writes the report of the study in `folder`; None when it was written, else why not, in one line: a run's files
+    refused (e.g. a heldout.jsonl that disagrees with its summary.json, named by the report) or a folder that cannot be
+    written."""
+    try:
+        write_report(folder, order=order, figure=figure)
+    except ValueError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"cannot write the report there ({type(exc).__name__}: {exc.strerror or exc})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = build_parser().parse_args(argv)
@@ -147,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.report / "runs").is_dir():
             print(f"--report {args.report}: no runs/ folder there (expected a study's results folder)", file=sys.stderr)
             return 2
-        try:
-            write_report(args.report, figure=not args.no_figure)
-        except ValueError as exc:  # e.g. a heldout.jsonl that disagrees with its summary.json: refused, named
-            print(f"--report {args.report}: {exc}", file=sys.stderr)
+        if problem := report_problem(args.report, None, not args.no_figure):
+            print(f"--report {args.report}: {problem}", file=sys.stderr)
             return 2
         extra = ("study_heldout.csv",) + (() if args.no_figure else ("study_forest.png", "study_curves.png"))
         extra = [n for n in extra if (args.report / n).is_file()]
@@ -181,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nstudy interrupted: running trainers checkpointed; the same command resumes", file=sys.stderr)
         return 130
     if finished_runs(out):
-        write_report(out, order=args.arms, figure=not args.no_figure)
+        if problem := report_problem(out, args.arms, not args.no_figure):
+            print(f"python -m train.study: the runs are kept in {out}, but no report was written: {problem}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         print(f"report: {out / 'study.md'}")
     if failed:
         print(f"{len(failed)} run(s) failed: {', '.join(failed)} (logs under {work}); rerun to retry", file=sys.stderr)
