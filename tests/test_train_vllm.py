@@ -55,6 +55,23 @@ def setup(request):
     del engine
 
 
+def test_a_groups_completions_share_their_prompts_prefill(setup):
+    """G completions of one prompt prefill it once: the KV of every full 32-token block of the prompt comes from the
+    prefix cache for the other G - 1 (the chat template's prompts here are ~40 tokens). Before (vLLM's CPU default of
+    128-token blocks, longer than any prompt): 0 tokens cached, each completion prefilled its whole prompt. (The
+    default job's prompts, ~27 tokens, fill no block: nothing to share there.)"""
+    model, tok, engine, task, problems, _ = setup
+    prompts = chat_prompts(tok, problems, "Show your calculation step by step, then write 'The answer is N.'")
+    engine.llm.reset_prefix_cache()
+    before = engine.prompt_tokens()
+    engine.generate(prompts[:4], 8, 4, 0.7, 1.0)
+    after = engine.prompt_tokens()
+    total, cached = after["total"] - before["total"], after["cached"] - before["cached"]
+    lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts[:4]]
+    assert total == 8 * sum(lengths)
+    assert cached == 7 * sum(n // 32 * 32 for n in lengths) > 0  # 7 of 8 reuse the first one's full blocks
+
+
 def _hf_greedy(model, tok, prompts, tokens=12) -> list[list[int]]:
     _, _, ids = hf_generate(model, tok, prompts, 1, tokens, 1.0, 1.0, greedy=True)
     return [_until_eos(r, tok, model) for r in ids.tolist()]
