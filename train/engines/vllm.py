@@ -110,7 +110,9 @@ class VLLMEngine:
         kv_cache_gb: float = 1.0,
         seed: int = 0,
         max_model_len: int | None = None,
+        block_size: int | None = None,
     ) -> None:
+        """`block_size`: the KV-cache block in tokens; None: CPU_BLOCK_SIZE on CPU, vLLM's default on CUDA."""
         vllm = import_vllm()
         t0 = time.time()
         self.tokenizer, self.eos = tokenizer, sorted(eos)
@@ -133,7 +135,8 @@ class VLLMEngine:
                 logprobs_mode="processed_logprobs",  # the sampled tokens' log-probs after temperature / top-p
                 enable_prefix_caching=True,
                 disable_log_stats=False,  # the prefix cache's counters (`prompt_tokens`); vLLM's log stays quiet
-                **({"gpu_memory_utilization": 0.3} if device.type == "cuda" else {"block_size": CPU_BLOCK_SIZE}),
+                block_size=block_size or (CPU_BLOCK_SIZE if device.type == "cpu" else None),
+                **({"gpu_memory_utilization": 0.3} if device.type == "cuda" else {}),
             )
         self.dtype = dtype
         self.syncs = 0
