@@ -58,13 +58,10 @@ def git_sha() -> str:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    """The CPU as the results state it: name, family / model and vector ISA (train/run/machine.py)."""
+    import importlib
+
+    return importlib.import_module(f"{trainer_module()}.run.machine").cpu_label()
 
 
 def versions() -> str:

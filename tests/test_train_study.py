@@ -441,3 +441,19 @@ def test_every_published_study_recomputes_from_its_run_files(tmp_path):
         write_report(copy, order=order, figure=False)
         for leaf in ("study.csv", "study.json", "study.md"):
             assert (copy / leaf).read_text() == (folder / leaf).read_text(), f"{name}/{leaf} does not recompute"
+
+
+def test_the_manifest_names_the_cpus_vector_isa():
+    """Two machines both called "AMD EPYC", with and without AVX-512 / bf16 instructions, run different kernels (other
+    floats, other timings): a run's manifest entry and the benchmarks name the family, model and ISA. Before: the name
+    alone."""
+    from train.run.machine import cpu_info, cpu_label
+    from train.study.runner import environment
+
+    text = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    text += "processor\t: 1\nmodel name\t: other\nflags\t\t: amx_bf16\n"  # the first processor's entry is the one
+    assert cpu_info(text) == {"cpu": "AMD EPYC", "family": "25", "model": "17", "isa": ["avx2", "avx512f", "avx512_bf16"]}
+    assert cpu_info("")["isa"] == [] and cpu_info("")["family"] is None
+    machine = environment()["machine"]
+    assert {"cpu", "cores", "family", "model", "isa"} <= set(machine) and machine["isa"] == cpu_info()["isa"]
+    assert cpu_label().startswith(cpu_info()["cpu"])

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..run.machine import cpu_info
 from ..study.grid import RunSpec
 from ..study.results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
 
@@ -29,18 +30,15 @@ def environment() -> dict:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
+    cpu = cpu_info()
     return {
         "git_sha": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "machine": {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform()},
+        "machine": {"cpu": cpu["cpu"], "cores": os.cpu_count(), "system": platform.platform(), "family": cpu["family"],
+                    "model": cpu["model"], "isa": cpu["isa"]},  # fmt: skip
     }
 
 
