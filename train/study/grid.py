@@ -114,6 +114,7 @@ REGIMES: dict[str, dict[str, str]] = {
         "eval_k": "0",
         "eval_every": "0",
         "use_vllm": "on",
+        "vllm_dtype": "float32",  # the sampler exact on every machine (auto would pick bf16 on a CPU with bf16 ones)
         "log_mechanism": "true",
     },
     # Peak memory of each arm, short (docs/study.md, "Memory"): partial fine-tuning (the default), all layers, LoRA.
