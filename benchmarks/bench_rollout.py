@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = load1()
     out_dir, stem = (RESULTS, args.publish_as) if args.publish else (args.out, "rollout")
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.bench_rollout " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.bench_rollout " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta = {"cpu": cpu_name(), "cores": os.cpu_count(), "git": git_sha(), "versions": versions(),
             "load1_before": load_before, "load1_after": load_after, "command": command.strip()}  # fmt: skip
     (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "engines": rows}, indent=2) + "\n")
