@@ -127,6 +127,7 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
         "tokens_per_s": n_tok / step_s,
         "gen_s": t_gen,
         "step_s": step_s,
+        "sync_s": 0.0,  # the engine's weight sync after the step; the loop adds it (and it joins step_s)
         "peak_mem_mb": peak_mem_mb(run.device),
         "train_peak_mem_mb": train_peak_mem_mb(run.device),
         "sample": batch.texts[0],
