@@ -30,15 +30,13 @@ def environment() -> dict:
         except (OSError, subprocess.CalledProcessError):
             return ""
 
-    cpu = cpu_info()
     return {
         "git_sha": git("rev-parse", "HEAD"),
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "machine": {"cpu": cpu["cpu"], "cores": os.cpu_count(), "system": platform.platform(), "family": cpu["family"],
-                    "model": cpu["model"], "isa": cpu["isa"]},  # fmt: skip
+        "machine": {**cpu_info(), "cores": os.cpu_count(), "system": platform.platform()},
     }
 
 
