@@ -246,6 +246,35 @@ def test_a_study_without_heldout_files_gets_no_new_section(tmp_path):
     assert not (study / "study_heldout.csv").exists()
 
 
+def test_mechanism_table_only_for_runs_that_logged_it(tmp_path):
+    from train.stability import MECHANISM_FIELDS
+    from train.study.report import write_report
+
+    study = make_study(tmp_path / "study", gain=4, noise=[0, 1, -1], seeds=3)
+    for p in study.glob("runs/s_grpo/seed*/metrics.jsonl"):  # s_grpo's filter touched 20% of tokens, 5% of completions
+        recs = [json.loads(line) for line in p.read_text().splitlines()]
+        recs = [r if "event" in r else r | {"masked_frac": 0.2, "filtered_frac": 0.05} for r in recs]
+        p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    out = write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
+    g, s = out["arms"]["grpo"], out["arms"]["s_grpo"]
+    assert g["update_norm_mean"]["mean"] == pytest.approx(0.035) and g["update_norm_mean"]["se"] == 0  # 0.01 x 1..6
+    assert g["ld_correct_shared_mean"]["mean"] == pytest.approx(-0.07) and g["ld_wrong_mean"]["mean"] == pytest.approx(-0.1)
+    assert g["ld_displaced_frac_mean"]["n"] == 0 and g["masked_frac_mean"]["n"] == 0  # never logged: n/a, not 0
+    assert s["masked_frac_mean"]["mean"] == pytest.approx(0.2) and s["filtered_frac_mean"]["mean"] == pytest.approx(0.05)
+    md = (study / "study.md").read_text()
+    assert "## Mechanisms" in md
+    assert "| grpo | 3 | 0.035 +- 0.000 | -0.0700 +- 0.0000 | n/a | +0.1000 +- 0.0000 | -0.1000 +- 0.0000 | n/a | n/a |" in md
+    assert "| s_grpo | 3 | 0.035 +- 0.000 | -0.0700 +- 0.0000 | n/a | +0.1000 +- 0.0000 | -0.1000 +- 0.0000 | 0.200 +- 0.000 | 0.050 +- 0.000 |" in md
+
+    plain = tmp_path / "plain"  # runs without --log-mechanism: no section, no keys (older reports stay byte for byte)
+    for seed in range(2):
+        for arm in ("grpo", "s_grpo"):
+            write_run(plain, arm, seed, [False] * 10, [True] * 5 + [False] * 5)
+    out = write_report(plain, figure=False)
+    assert "## Mechanisms" not in (plain / "study.md").read_text()
+    assert not {f"{k}_mean" for k in MECHANISM_FIELDS} & (set(out["arms"]["grpo"]) | set(out["runs"][0]))
+
+
 def test_figures_and_curves(tmp_path):
     pytest.importorskip("matplotlib")
     from train.study.curves import curve_data, step_series

@@ -92,6 +92,14 @@ def first_event(steps: list[dict], rule, rules: CollapseRules) -> int | None:
     return None
 
 
+# The step fields a --log-mechanism run summarizes (docs/trainer.md, "Mechanism metrics"): the update size, likelihood
+# displacement of correct completions that share tokens with wrong ones (and of all correct / all wrong ones), and the
+# fraction of tokens and completions the conflict masks and entropy filters touch. A run without them gets no such keys,
+# so older studies' reports stay as they were.
+MECHANISM_FIELDS = ("update_norm", "ld_correct_shared", "ld_displaced_frac", "ld_correct", "ld_wrong", "masked_frac",
+                    "filtered_frac")  # fmt: skip
+
+
 def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules: CollapseRules) -> dict:
     """The per-run numbers of the study from a run's metrics.jsonl records and summary.json (floats; nan where a
     quantity does not exist, e.g. no KL probe). `max_grad_norm`: the run's clipping threshold (a step counts as
@@ -132,6 +140,8 @@ def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules:
     }
     for k in k_keys:
         out[k.removeprefix("eval_") + "_after"] = after[k]
+    if any("update_norm" in r for r in steps):  # --log-mechanism: the mechanism fields' means over the run's steps
+        out |= {f"{k}_mean": _mean(r.get(k) for r in steps) for k in MECHANISM_FIELDS}
     return out
 
 

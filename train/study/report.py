@@ -45,6 +45,16 @@ STABILITY = (
     ("success_std_2nd_half", "success std (2nd half)", ".3f"),
     ("kl_from_init_end", "KL from init", ".3f"),
 )
+# --log-mechanism runs only (train/stability.py, MECHANISM_FIELDS): a table when some run has them
+MECHANISM = (
+    ("update_norm_mean", "update norm", ".3f"),
+    ("ld_correct_shared_mean", "LD correct sharing tokens", "+.4f"),
+    ("ld_displaced_frac_mean", "displaced frac", ".2f"),
+    ("ld_correct_mean", "LD correct", "+.4f"),
+    ("ld_wrong_mean", "LD wrong", "+.4f"),
+    ("masked_frac_mean", "masked tokens", ".3f"),
+    ("filtered_frac_mean", "filtered completions", ".3f"),
+)
 PAIRED = ("heldout_after", "heldout_gain", "collapse", "grad_norm_mean", "entropy_end", "success_std_2nd_half",
           "kl_from_init_end", "step_s_mean", "train_peak_mem_mb")  # fmt: skip
 
@@ -72,7 +82,7 @@ def arm_order(runs: list[dict], order: list[str] | None = None) -> list[str]:
 def aggregate(runs: list[dict], order: list[str] | None = None) -> dict[str, dict]:
     """{arm: {metric: {mean, se, n}} plus "seeds" and "heldout_after_std_across_seeds"} over the arm's runs."""
     out = {}
-    metrics = [k for k, _, _ in OUTCOME + STABILITY]
+    metrics = [k for k, _, _ in OUTCOME + STABILITY + _mechanism(runs)]
     for arm in arm_order(runs, order):
         rows = [r for r in runs if r["arm"] == arm]
         agg = {k: mean_se([_num(r.get(k)) for r in rows]) for k in metrics}
@@ -83,6 +93,11 @@ def aggregate(runs: list[dict], order: list[str] | None = None) -> dict[str, dic
         agg["seeds"] = sorted(r["seed"] for r in rows)
         out[arm] = agg
     return out
+
+
+def _mechanism(runs: list[dict]) -> tuple:
+    """MECHANISM's columns when some run logged the mechanism fields (--log-mechanism), else none."""
+    return MECHANISM if any(MECHANISM[0][0] in r for r in runs) else ()
 
 
 def paired(runs: list[dict], baseline: str = BASELINE, order: list[str] | None = None) -> dict[str, dict]:
@@ -184,6 +199,20 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
         + ", ".join(f"{a} {_num_text(g['heldout_after_std_across_seeds'])}" for a, g in aggs.items())
         + ".",
     ]
+    if _mechanism(runs):
+        lines += [
+            "",
+            "## Mechanisms (`--log-mechanism`; mean over a run's steps, then mean +- SE over seeds)",
+            "",
+            *_table(aggs, MECHANISM),
+            "",
+            "Update norm: ||theta - theta_old|| of a step. LD: likelihood displacement, the mean per-token log-prob "
+            "change over a step of its correct completions that share a token with a wrong one of their group, of all "
+            "correct and of all wrong completions; displaced frac: the fraction of those sharing correct completions "
+            "whose log-prob fell. Masked tokens: completion tokens with loss weight 0 (conflict masks, entropy "
+            "filters); filtered completions: completions the completion-entropy filter removed. Definitions: "
+            "docs/trainer.md.",
+        ]
     for baseline, table in diffs.items():
         if table:
             lines += _paired_table(baseline, table)
