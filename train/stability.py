@@ -140,7 +140,8 @@ def run_metrics(records: list[dict], summary: dict, max_grad_norm: float, rules:
     }
     for k in k_keys:
         out[k.removeprefix("eval_") + "_after"] = after[k]
-    if any("update_norm" in r for r in steps):  # --log-mechanism: the mechanism fields' means over the run's steps
+    # --log-mechanism: the mechanism fields' means over the run's steps
+    if any(MECHANISM_FIELDS[0] in r for r in steps):
         out |= {f"{k}_mean": _mean(r.get(k) for r in steps) for k in MECHANISM_FIELDS}
     return out
 
