@@ -412,6 +412,7 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
         "s_grpo_tr": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
         "s_grpo_gp": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
         "s_grpo_gtl": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
+        "grpo_nokl_tr": dataclasses.replace(rl.preset("grpo"), beta=0.0),  # (trainer flags: Arm.train)
     }
     assert got == want
 

@@ -12,6 +12,7 @@ from train.study.grid import ARMS, RESEARCH_ARMS, grid
 TRAIN_ARMS = {
     "s_grpo_ds": {"dynamic_sampling": True, "dynamic_sampling_max_tries": 4},
     "s_grpo_tr": {"trust_region": 0.1},
+    "grpo_nokl_tr": {"trust_region": 0.1},
     "s_grpo_gp": {"grad_penalty": 0.05, "grad_penalty_gamma": 1.0},
     "s_grpo_gtl": {"dense_reward": "gt_likelihood"},
 }

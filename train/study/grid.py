@@ -80,6 +80,10 @@ RESEARCH_ARMS: dict[str, Arm] = {
         Arm("s_grpo_tr", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
             "the s_grpo arm + trust region ||theta - theta_old|| <= 0.1 (each step projected onto the ball)",
             train={"trust_region": "0.1"}),
+        # the ablation of s_grpo_tr: whatever the trust region does without S-GRPO's masks and filters
+        Arm("grpo_nokl_tr", "grpo", "beta=0",
+            "GRPO with beta = 0 + the same trust region ||theta - theta_old|| <= 0.1 (ablation of s_grpo_tr)",
+            train={"trust_region": "0.1"}),
         # gamma 1 = the clip norm; lambda 0.05: ||H u|| measured 3 to 27 over the first 4 steps with ||g|| 0.75 to 1.9,
         # so the penalty's term lambda (||g|| - gamma) ||H u|| is up to ~1, the gradient's own scale
         Arm("s_grpo_gp", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
