@@ -157,6 +157,46 @@ def test_report_detects_a_known_difference(tmp_path):
     assert (study / "study.md").read_text() == md
 
 
+def test_contrasts_between_methods(tmp_path):
+    """The CONTRASTS pairs present are tested like the baselines' tables: s_grpo_tr gets 5, 6, 7 of 50 problems more
+    right than grpo_nokl_tr on seeds 0, 1, 2 (0.12 +- 0.02 a seed); grpo_nokl_tr equals grpo_nokl; no s_grpo, so the
+    contrasts against it are absent."""
+    from train.study.report import write_report
+
+    study, rng = tmp_path / "study", random.Random(1)
+    for seed in range(3):
+        before = [rng.random() < 0.3 for _ in range(50)]
+        base = [rng.random() < 0.5 for _ in range(50)]
+        tr = list(base)
+        for i in [i for i in range(50) if not base[i]][: 5 + seed]:
+            tr[i] = True
+        for arm, after in (("grpo", base), ("grpo_nokl", base), ("grpo_nokl_tr", base), ("s_grpo_tr", tr)):
+            write_run(study, arm, seed, before, after)
+    out = write_report(study, order=["grpo", "grpo_nokl", "grpo_nokl_tr", "s_grpo_tr"], figure=False)
+    got = {(r["arm"], r["baseline"]): r for r in out["heldout_contrasts"]}
+    assert list(got) == [("grpo_nokl_tr", "grpo_nokl"), ("s_grpo_tr", "grpo_nokl_tr")]
+    r = got["s_grpo_tr", "grpo_nokl_tr"]
+    assert r["after"]["mean"] == pytest.approx(0.12) and r["after"]["sd"] == pytest.approx(0.02)
+    assert r["mcnemar"]["b"] == 18 and r["mcnemar"]["c"] == 0 and r["reading"] == "higher than grpo_nokl_tr beyond noise"
+    assert got["grpo_nokl_tr", "grpo_nokl"]["after"]["mean"] == 0
+    md = (study / "study.md").read_text()
+    assert "### Contrasts between methods" in md
+    assert "| s_grpo_tr − grpo_nokl_tr | S-GRPO's masks and filters, under the trust region | 3 | +0.120 |" in md
+    saved = json.loads((study / "study.json").read_text())["heldout_contrasts"]
+    assert [(c["arm"], c["baseline"]) for c in saved] == list(got)
+    rows = (study / "study_heldout.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 + 3 + 1  # 3 arms x 2 baselines, + the one contrast not among them
+    assert rows[-1].startswith("grpo_nokl_tr,s_grpo_tr,3,150,0.12")
+
+    calib = tmp_path / "calib"  # grpo and grpo_nokl only (the calibration studies): no contrast anywhere
+    for seed in range(2):
+        write_run(calib, "grpo", seed, [False] * 4, [True, False, False, False])
+        write_run(calib, "grpo_nokl", seed, [False] * 4, [True, True, False, False])
+    out = write_report(calib, figure=False)
+    assert out["heldout_contrasts"] == [] and "Contrasts" not in (calib / "study.md").read_text()
+    assert "heldout_contrasts" not in json.loads((calib / "study.json").read_text())
+
+
 def test_report_finds_no_difference_within_noise(tmp_path):
     from train.study.report import write_report
 

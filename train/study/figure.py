@@ -83,24 +83,29 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
     plt.close(fig)
 
 
-def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path) -> None:
+def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, contrasts: list[dict] = ()) -> None:
     """The paired differences of held-out accuracy after training, one panel per baseline (`tests`: {baseline: {arm:
-    stats.compare(...)}}): per arm the mean difference over seeds with its t-based 95% interval (line) and the
-    bootstrap interval (thick bar), a line at 0; an interval crossing it is within noise."""
+    stats.compare(...)}}) and one for the contrasts between methods (report.CONTRASTS) when there are any: per row the
+    mean difference over seeds with its t-based 95% interval (line) and the bootstrap interval (thick bar), a line at
+    0; an interval crossing it is within noise."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tests = {b: t for b, t in tests.items() if t}
-    rows = max(len(t) for t in tests.values())
-    fig, axes = plt.subplots(1, len(tests), figsize=(6.2 * len(tests), 1.2 + 0.42 * rows), constrained_layout=True,
+    panels = [(f"against {b}", f"held-out accuracy after training: arm - {b}", list(t.items()))
+              for b, t in tests.items() if t]  # fmt: skip
+    if contrasts:
+        panels.append(("contrasts between methods", "held-out accuracy after training: arm - baseline",
+                       [(f"{r['arm']} - {r['baseline']}", r) for r in contrasts]))  # fmt: skip
+    rows = max(len(p[2]) for p in panels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 1.2 + 0.42 * rows), constrained_layout=True,
                              squeeze=False)  # fmt: skip
-    for ax, (baseline, table) in zip(axes.flat, tests.items()):
-        arms = list(table)[::-1]  # the first arm at the top
-        for y, arm in enumerate(arms):
-            t, boot = table[arm]["after"], table[arm]["bootstrap_ci"]
-            beyond = "within" not in table[arm]["reading"] and t["n"] > 1
+    for ax, (title, xlabel, table) in zip(axes.flat, panels):
+        table = table[::-1]  # the first row at the top
+        for y, (_, r) in enumerate(table):
+            t, boot = r["after"], r["bootstrap_ci"]
+            beyond = "within" not in r["reading"] and t["n"] > 1
             colour = "tab:red" if beyond else "tab:blue"
             if all(math.isfinite(v) for v in boot):
                 ax.plot(boot, [y, y], color=colour, lw=5, alpha=0.3, solid_capstyle="butt")
@@ -109,10 +114,10 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path) -> N
                             ecolor=colour, elinewidth=1.2, capsize=3)  # fmt: skip
             ax.plot([t["mean"]], [y], "o", color=colour, ms=5)
         ax.axvline(0.0, color="black", lw=0.8)
-        ax.set_yticks(range(len(arms)), [f"{a} ({table[a]['after']['n']})" for a in arms])
-        ax.set_ylim(-0.7, len(arms) - 0.3)
-        ax.set_xlabel(f"held-out accuracy after training: arm - {baseline}")
-        ax.set_title(f"against {baseline}", fontsize=10)
+        ax.set_yticks(range(len(table)), [f"{label} ({r['after']['n']})" for label, r in table])
+        ax.set_ylim(-0.7, len(table) - 0.3)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"Study '{regime}': paired difference per seed, mean with t 95% CI (line) and bootstrap 95% CI "
                  "(bar); red: beyond noise; (seeds)", fontsize=10)  # fmt: skip

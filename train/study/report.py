@@ -223,9 +223,9 @@ def markdown(regime: str, manifest: dict, aggs: dict, diffs: dict, runs: list[di
 
 def write_report(study_dir: Path, order: list[str] | None = None, figure: bool = True) -> dict:
     """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png). When runs
-    have heldout.jsonl, also the per-problem tests against grpo and grpo_nokl (a section of study.md, a key of
-    study.json, study_heldout.csv, study_forest.png and study_curves.png); a study without them is reported as
-    before, byte for byte."""
+    have heldout.jsonl, also the per-problem tests against grpo and grpo_nokl and the CONTRASTS between methods (a
+    section of study.md, keys of study.json, study_heldout.csv, study_forest.png and study_curves.png); a study
+    without them is reported as before, byte for byte."""
     dirs = finished_runs(study_dir)
     runs = [load_run(p) for p in dirs]
     if not runs:
@@ -236,6 +236,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     aggs = aggregate(runs, order)
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
     held, tests = heldout_tests(dirs, runs, list(aggs))
+    contrasts = heldout_contrasts(held)
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
@@ -250,26 +251,39 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             "arms": aggs,
             **{f"paired_vs_{b}": d for b, d in diffs.items()},
             **({"heldout_tests": {f"vs_{b}": t for b, t in tests.items()}} if held else {}),
+            **({"heldout_contrasts": contrasts} if contrasts else {}),
             "runs": runs,
         },  # fmt: skip
     )
     text = markdown(regime, manifest, aggs, diffs, runs)
     if held:
-        text += heldout_markdown(tests, held, len(runs))
-        write_heldout_csv(study_dir / "study_heldout.csv", tests)
+        text += heldout_markdown(tests, held, len(runs), contrasts)
+        write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts)
     (study_dir / "study.md").write_text(text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
         if held:
             if any(tests.values()):
-                plot_forest(tests, regime, study_dir / "study_forest.png")
+                plot_forest(tests, regime, study_dir / "study_forest.png", contrasts)
             plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")
-    return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests}
+    return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests,
+            "heldout_contrasts": contrasts}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- per-problem held-out tests
 
 HELDOUT_BASELINES = ("grpo", "grpo_nokl")  # with a reference, and the naive reference-free baseline
+
+# Contrasts between two methods, each answering one question: (arm, baseline, what arm - baseline measures). Tested
+# like the baselines' tables when both arms have heldout.jsonl and shared seeds; a study without such pairs (every
+# study before the decisive one) gets no section, key or row.
+CONTRASTS = (
+    ("s_grpo", "grpo_nokl", "S-GRPO's masks and filters, without a reference"),
+    ("grpo_nokl_tr", "grpo_nokl", "the trust region alone, without a reference"),
+    ("s_grpo_tr", "s_grpo", "the trust region, added to S-GRPO"),
+    ("s_grpo_tr", "grpo_nokl_tr", "S-GRPO's masks and filters, under the trust region"),
+    ("s_grpo_afn", "s_grpo", "the all-fail negative advantage, added to S-GRPO"),
+)
 
 
 def heldout_tests(dirs: list[Path], runs: list[dict], order: list[str]) -> tuple[dict, dict]:
@@ -286,6 +300,15 @@ def heldout_tests(dirs: list[Path], runs: list[dict], order: list[str]) -> tuple
             tests[b] = {a: stats.compare(held[a], held[b], a, b) for a in order
                         if a != b and a in held and set(held[a]) & set(held[b])}  # fmt: skip
     return held, tests
+
+
+def heldout_contrasts(held: dict) -> list[dict]:
+    """[{arm, baseline, question, **stats.compare}] for each pair of CONTRASTS whose arms share seeds in `held`."""
+    return [
+        {"arm": a, "baseline": b, "question": q, **stats.compare(held[a], held[b], a, b)}
+        for a, b, q in CONTRASTS
+        if a in held and b in held and set(held[a]) & set(held[b])
+    ]
 
 
 def _p(p: float) -> str:
@@ -343,8 +366,8 @@ def _in_words(arm: str, baseline: str, r: dict) -> str:
     )
 
 
-def heldout_markdown(tests: dict, held: dict, n_runs: int) -> str:
-    """study.md's section of per-problem held-out tests (from heldout.jsonl)."""
+def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict] = ()) -> str:
+    """study.md's section of per-problem held-out tests (from heldout.jsonl), with the contrasts between methods."""
     n_held = sum(len(v) for v in held.values())
     lines = [
         "",
@@ -386,6 +409,25 @@ def heldout_markdown(tests: dict, held: dict, n_runs: int) -> str:
                 f"Every run's per-problem outcome before training equals `{baseline}`'s (same seed, same "
                 "initial model): the difference in change (after − before) is the difference after.",
             ]
+    if contrasts:
+        lines += [
+            "",
+            "### Contrasts between methods",
+            "",
+            "Each row answers one question (what the arm adds to its baseline); tested as above, per seed and per "
+            "problem.",
+            "",
+            "| arm − baseline | what it measures | seeds | difference after | 95% CI (t) | p (t) | MDD (t) | "
+            "McNemar b / c | p (exact) | bootstrap 95% CI | reading |",
+            "|" + "---|" * 11,
+        ]
+        for r in contrasts:
+            t, m = r["after"], r["mcnemar"]
+            lines.append(
+                f"| {r['arm']} − {r['baseline']} | {r['question']} | {t['n']} | {_signed(t['mean'])} | "
+                f"{_ci(t['ci'])} | {_p(t['p'])} | {_f(t['mdd'])} | {m['b']} / {m['c']} | {_p(m['p_exact'])} | "
+                f"{_ci(r['bootstrap_ci'])} | {r['reading']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -394,13 +436,15 @@ HELDOUT_CSV = ("baseline", "arm", "seeds", "problems", "diff_mean", "ci_lo", "ci
                "mdd_per_problem", "boot_lo", "boot_hi", "reading")  # fmt: skip
 
 
-def write_heldout_csv(path: Path, tests: dict) -> None:
+def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = ()) -> None:
+    """One row per (baseline, arm) tested: the baselines' tables, then the contrasts not already among them."""
+    rows = [(b, a, r) for b, table in tests.items() for a, r in table.items()]
+    rows += [(r["baseline"], r["arm"], r) for r in contrasts if r["arm"] not in tests.get(r["baseline"], {})]
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(HELDOUT_CSV)
-        for baseline, table in tests.items():
-            for arm, r in table.items():
-                t, g, m = r["after"], r["gain"], r["mcnemar"]
-                w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
-                            g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
-                            *r["bootstrap_ci"], stats.reading(t, baseline)])  # fmt: skip
+        for baseline, arm, r in rows:
+            t, g, m = r["after"], r["gain"], r["mcnemar"]
+            w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
+                        g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
+                        *r["bootstrap_ci"], stats.reading(t, baseline)])  # fmt: skip
