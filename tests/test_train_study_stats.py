@@ -157,6 +157,31 @@ def test_report_detects_a_known_difference(tmp_path):
     assert (study / "study.md").read_text() == md
 
 
+def test_fisher_exact_and_the_collapse_table():
+    # hand-computed: margins 5/5 with 4 events, P(0 in the first) = C(5,4) / C(10,4) = 5/210, two-sided doubles it
+    assert stats.fisher_exact(0, 5, 4, 5) == pytest.approx(10 / 210)
+    assert stats.fisher_exact(0, 5, 3, 5) == pytest.approx(20 / 120) == stats.fisher_exact(3, 5, 0, 5)
+    assert stats.fisher_exact(2, 5, 2, 5) == 1.0 and stats.fisher_exact(0, 3, 0, 3) == 1.0
+    with pytest.raises(ValueError, match="0 <= k <= n, got 6/5"):
+        stats.fisher_exact(6, 5, 0, 5)
+    sp = pytest.importorskip("scipy.stats")
+    for k1, n1, k2, n2 in ((1, 5, 5, 5), (3, 7, 0, 4), (2, 10, 7, 9), (0, 1, 1, 1)):
+        want = sp.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue
+        assert stats.fisher_exact(k1, n1, k2, n2) == pytest.approx(want, rel=1e-12)
+
+    from train.study.report import _collapse_markdown, collapse_tests
+
+    runs = [{"arm": a, "seed": s, "collapse": c} for a, flags in (("grpo", [0, 0, 0, 0, 1]), ("grpo_nokl", [0] * 5),
+            ("gtpo", [1] * 5)) for s, c in enumerate(flags)]  # fmt: skip
+    got = collapse_tests(runs, ["grpo", "grpo_nokl", "gtpo"])
+    assert got["grpo"]["gtpo"] == {"events": 5, "runs": 5, "base_events": 1, "base_runs": 5,
+                                   "p": pytest.approx(10 / 210)}  # fmt: skip
+    assert got["grpo_nokl"]["gtpo"]["p"] == pytest.approx(2 / 252) and set(got) == {"grpo", "grpo_nokl"}
+    md = "\n".join(_collapse_markdown(got))
+    assert "| arm | collapsed runs | p against grpo (1/5) | p against grpo_nokl (0/5) |" in md
+    assert "| gtpo | 5/5 | 0.048 | 0.008 |" in md and "| grpo | 1/5 | — | 1.000 |" in md
+
+
 def test_contrasts_between_methods(tmp_path):
     """The CONTRASTS pairs present are tested like the baselines' tables: s_grpo_tr gets 5, 6, 7 of 50 problems more
     right than grpo_nokl_tr on seeds 0, 1, 2 (0.12 +- 0.02 a seed); grpo_nokl_tr equals grpo_nokl; no s_grpo, so the
@@ -177,7 +202,8 @@ def test_contrasts_between_methods(tmp_path):
     assert list(got) == [("grpo_nokl_tr", "grpo_nokl"), ("s_grpo_tr", "grpo_nokl_tr")]
     r = got["s_grpo_tr", "grpo_nokl_tr"]
     assert r["after"]["mean"] == pytest.approx(0.12) and r["after"]["sd"] == pytest.approx(0.02)
-    assert r["mcnemar"]["b"] == 18 and r["mcnemar"]["c"] == 0 and r["reading"] == "higher than grpo_nokl_tr beyond noise"
+    assert r["mcnemar"]["b"] == 18 and r["mcnemar"]["c"] == 0
+    assert r["reading"] == "higher than grpo_nokl_tr beyond noise"
     assert got["grpo_nokl_tr", "grpo_nokl"]["after"]["mean"] == 0
     md = (study / "study.md").read_text()
     assert "### Contrasts between methods" in md
@@ -237,7 +263,9 @@ def test_a_study_whose_report_is_refused_says_so_in_one_line(tmp_path, monkeypat
     study = tmp_path / "study"
     for seed in range(2):
         write_run(study, "grpo", seed, [False] * 4, [True, False, False, False])
-        write_run(study, "grpo_nokl", seed, [False] * 4, [True, True, False, False], summary_after=0.75 if seed else None)
+        write_run(
+            study, "grpo_nokl", seed, [False] * 4, [True, True, False, False], summary_after=0.75 if seed else None
+        )
     monkeypatch.setattr(study_main, "run_grid", lambda specs, *a, **k: ([s.key for s in specs], []))
     argv = ["--arms", "grpo,grpo_nokl", "--seeds", "0,1", "--out", str(study), "--work", str(tmp_path / "w")]
     assert study_main.main([*argv, "--no-figure", "--progress", "false"]) == 2

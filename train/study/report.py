@@ -237,6 +237,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
     held, tests = heldout_tests(dirs, runs, list(aggs))
     contrasts = heldout_contrasts(held)
+    collapse = collapse_tests(runs, list(aggs)) if held else {}
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
@@ -252,12 +253,13 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             **{f"paired_vs_{b}": d for b, d in diffs.items()},
             **({"heldout_tests": {f"vs_{b}": t for b, t in tests.items()}} if held else {}),
             **({"heldout_contrasts": contrasts} if contrasts else {}),
+            **({"collapse_tests": {f"vs_{b}": t for b, t in collapse.items()}} if collapse else {}),
             "runs": runs,
         },  # fmt: skip
     )
     text = markdown(regime, manifest, aggs, diffs, runs)
     if held:
-        text += heldout_markdown(tests, held, len(runs), contrasts)
+        text += heldout_markdown(tests, held, len(runs), contrasts, collapse)
         write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts)
     (study_dir / "study.md").write_text(text)
     if figure:
@@ -267,7 +269,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
                 plot_forest(tests, regime, study_dir / "study_forest.png", contrasts)
             plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")
     return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests,
-            "heldout_contrasts": contrasts}  # fmt: skip
+            "heldout_contrasts": contrasts, "collapse_tests": collapse}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- per-problem held-out tests
@@ -309,6 +311,49 @@ def heldout_contrasts(held: dict) -> list[dict]:
         for a, b, q in CONTRASTS
         if a in held and b in held and set(held[a]) & set(held[b])
     ]
+
+
+def collapse_tests(runs: list[dict], order: list[str]) -> dict:
+    """{baseline: {arm: {events, runs, base_events, base_runs, p}}}: the runs with any collapse event (run["collapse"])
+    of each arm against each baseline of HELDOUT_BASELINES present, two-sided Fisher exact p. Runs, not seeds, are
+    the units: a collapse is an event of one run."""
+    counts = {}
+    for r in runs:
+        k, n = counts.get(r["arm"], (0, 0))
+        counts[r["arm"]] = (k + bool(r["collapse"]), n + 1)
+    out = {}
+    for b in (b for b in HELDOUT_BASELINES if b in counts):
+        kb, nb = counts[b]
+        out[b] = {a: {"events": counts[a][0], "runs": counts[a][1], "base_events": kb, "base_runs": nb,
+                      "p": stats.fisher_exact(*counts[a], kb, nb)}
+                  for a in order if a != b and a in counts}  # fmt: skip
+    return out
+
+
+def _collapse_markdown(collapse: dict) -> list[str]:
+    if not collapse:
+        return []
+    bases = list(collapse)
+    arms = list(dict.fromkeys(a for t in collapse.values() for a in t))
+    counts = {a: (t[a]["events"], t[a]["runs"]) for t in collapse.values() for a in t}
+    counts |= {b: (t[a]["base_events"], t[a]["base_runs"]) for b, t in collapse.items() for a in t}
+    lines = [
+        "",
+        "### Collapse events: Fisher's exact test",
+        "",
+        'Runs with any collapse event (low entropy, blow-up or signal death; docs/study.md, "Collapse") out of the '
+        "arm's runs, against each baseline's runs; two-sided Fisher exact p. With this few runs only a near-complete "
+        "split can reach p < 0.05.",
+        "",
+        "| arm | collapsed runs | "
+        + " | ".join(f"p against {b} ({'/'.join(map(str, counts[b]))})" for b in bases)
+        + " |",
+        "|" + "---|" * (2 + len(bases)),
+    ]
+    for a in list(dict.fromkeys([*bases, *arms])):
+        cells = [_p(collapse[b][a]["p"]) if a in collapse[b] else "—" for b in bases]
+        lines.append(f"| {a} | {counts[a][0]}/{counts[a][1]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _p(p: float) -> str:
@@ -366,8 +411,10 @@ def _in_words(arm: str, baseline: str, r: dict) -> str:
     )
 
 
-def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict] = ()) -> str:
-    """study.md's section of per-problem held-out tests (from heldout.jsonl), with the contrasts between methods."""
+def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict] = (), collapse: dict | None = None
+                     ) -> str:  # fmt: skip
+    """study.md's section of per-problem held-out tests (from heldout.jsonl), with the collapse counts' tests and the
+    contrasts between methods."""
     n_held = sum(len(v) for v in held.values())
     lines = [
         "",
@@ -409,6 +456,7 @@ def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict]
                 f"Every run's per-problem outcome before training equals `{baseline}`'s (same seed, same "
                 "initial model): the difference in change (after − before) is the difference after.",
             ]
+    lines += _collapse_markdown(collapse)
     if contrasts:
         lines += [
             "",

@@ -138,6 +138,19 @@ def mcnemar(b: int, c: int) -> dict:
             "p_chi2_cc": chi2_1_sf(chi2) if b + c > 0 else 1.0}  # fmt: skip
 
 
+def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
+    """Two-sided Fisher exact test of k1 events in n1 runs against k2 in n2: the probability, under the
+    hypergeometric law with the margins fixed, of every table no more likely than the observed one (with scipy's
+    relative tolerance 1e-7 for ties)."""
+    if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
+        raise ValueError(f"fisher_exact: expected 0 <= k <= n, got {k1}/{n1} and {k2}/{n2}")
+    k, n = k1 + k2, n1 + n2
+    total = math.comb(n, k)
+    probs = {x: math.comb(n1, x) * math.comb(n2, k - x) / total for x in range(max(0, k - n2), min(k, n1) + 1)}
+    observed = probs[k1] * (1.0 + 1e-7)
+    return min(1.0, math.fsum(q for q in probs.values() if q <= observed))
+
+
 def mdd_pooled(discordant: int, problems: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The per-problem test's minimum detectable difference, normal approximation: (z_{1-alpha/2} + z_power)
     sqrt(discordant) / problems (the variance of a per-problem difference in {-1, 0, 1} is about the discordant
