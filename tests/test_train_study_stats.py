@@ -169,7 +169,7 @@ def test_fisher_exact_and_the_collapse_table():
         want = sp.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue
         assert stats.fisher_exact(k1, n1, k2, n2) == pytest.approx(want, rel=1e-12)
 
-    from train.study.report import _collapse_markdown, collapse_tests
+    from train.study.heldout import _collapse_markdown, collapse_tests
 
     runs = [{"arm": a, "seed": s, "collapse": c} for a, flags in (("grpo", [0, 0, 0, 0, 1]), ("grpo_nokl", [0] * 5),
             ("gtpo", [1] * 5)) for s, c in enumerate(flags)]  # fmt: skip

@@ -85,7 +85,7 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
 
 def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, contrasts: list[dict] = ()) -> None:
     """The paired differences of held-out accuracy after training, one panel per baseline (`tests`: {baseline: {arm:
-    stats.compare(...)}}) and one for the contrasts between methods (report.CONTRASTS) when there are any: per row the
+    stats.compare(...)}}) and one for the contrasts between methods (heldout.CONTRASTS) when there are any: per row the
     mean difference over seeds with its t-based 95% interval (line) and the bootstrap interval (thick bar), a line at
     0; an interval crossing it is within noise."""
     import matplotlib
