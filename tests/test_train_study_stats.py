@@ -148,6 +148,11 @@ def test_report_detects_a_known_difference(tmp_path):
     md = (study / "study.md").read_text()
     assert "## Held-out accuracy: paired tests" in md and "### Against `grpo_nokl`" in md
     assert "| s_grpo | 5 | 500 | +0.120 |" in md and "higher than grpo beyond noise" in md
+    # 3 distinct pairs; s_grpo's two (p < 0.001, x 3 and x 2) survive Holm, grpo_nokl - grpo does not
+    holm = {(m["arm"], m["baseline"]): m["p_holm"] for m in out["heldout_multiplicity"]}
+    assert set(holm) == {("grpo_nokl", "grpo"), ("s_grpo", "grpo"), ("s_grpo", "grpo_nokl")}
+    assert holm["s_grpo", "grpo"] == pytest.approx(3 * r["after"]["p"]) and holm["grpo_nokl", "grpo"] > 0.05
+    assert "| s_grpo − grpo | <0.001 | <0.001 | yes |" in md and "2 of 3 differences stay beyond noise" in md
     saved = json.loads((study / "study.json").read_text())["heldout_tests"]["vs_grpo"]["s_grpo"]
     assert saved["mcnemar"]["b"] == 60
     rows = (study / "study_heldout.csv").read_text().splitlines()
@@ -182,6 +187,15 @@ def test_fisher_exact_and_the_collapse_table():
     assert "| gtpo | 5/5 | 0.048 | 0.008 |" in md and "| grpo | 1/5 | — | 1.000 |" in md
 
 
+def test_holm_adjusted_p_values():
+    # hand-computed: sorted 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 = 0.04 -> max(0.06, 0.04)
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.6]) == [1.0, 1.0] and stats.holm([0.2]) == [0.2] and stats.holm([]) == []
+    assert stats.holm([0.01, 0.01, 0.5]) == pytest.approx([0.03, 0.03, 0.5])
+    with pytest.raises(ValueError, match=r"p-values in \[0, 1\], got \[0.1, nan\]"):
+        stats.holm([0.1, math.nan])
+
+
 def test_contrasts_between_methods(tmp_path):
     """The CONTRASTS pairs present are tested like the baselines' tables: s_grpo_tr gets 5, 6, 7 of 50 problems more
     right than grpo_nokl_tr on seeds 0, 1, 2 (0.12 +- 0.02 a seed); grpo_nokl_tr equals grpo_nokl; no s_grpo, so the
@@ -214,6 +228,22 @@ def test_contrasts_between_methods(tmp_path):
     assert len(rows) == 1 + 3 + 3 + 1  # 3 arms x 2 baselines, + the one contrast not among them
     assert rows[-1].startswith("grpo_nokl_tr,s_grpo_tr,3,150,0.12")
 
+    # Holm over the distinct pairs: grpo_nokl - grpo is also grpo - grpo_nokl, grpo_nokl_tr - grpo_nokl is in both the
+    # grpo_nokl table and the contrasts: 6 pairs, not 8; the three equal arms have p 1, the three s_grpo_tr pairs the
+    # same p (0.12 +- 0.02 a seed, t = 10.39 at df 2: 0.009), times 6, 5 and 4, then the running maximum: 6 p = 0.055
+    # for all three, so none stays below 0.05
+    mult = out["heldout_multiplicity"]
+    assert len(mult) == 6 and [m["p"] for m in mult] == sorted(m["p"] for m in mult)
+    small = [m for m in mult if "s_grpo_tr" in (m["arm"], m["baseline"])]
+    p = r["after"]["p"]
+    assert len(small) == 3 and all(m["p"] == pytest.approx(p) and m["p_holm"] == pytest.approx(6 * p) for m in small)
+    assert [m["p_holm"] for m in mult[3:]] == [1.0, 1.0, 1.0]
+    assert "### Multiplicity: Holm's correction" in md and "This report tests 6 distinct pairs" in md
+    assert f"| s_grpo_tr − grpo | {p:.3f} | {6 * p:.3f} | no |" in md and round(6 * p, 3) == 0.055
+    assert "0 of 6 differences stay beyond noise after the correction." in md
+    assert json.loads((study / "study.json").read_text())["heldout_multiplicity"][0]["p_holm"] == pytest.approx(6 * p)
+    assert rows[0].endswith(",reading,p_t_holm") and float(rows[-1].split(",")[-1]) == pytest.approx(6 * p)
+
     calib = tmp_path / "calib"  # grpo and grpo_nokl only (the calibration studies): no contrast anywhere
     for seed in range(2):
         write_run(calib, "grpo", seed, [False] * 4, [True, False, False, False])
@@ -221,6 +251,9 @@ def test_contrasts_between_methods(tmp_path):
     out = write_report(calib, figure=False)
     assert out["heldout_contrasts"] == [] and "Contrasts" not in (calib / "study.md").read_text()
     assert "heldout_contrasts" not in json.loads((calib / "study.json").read_text())
+    # one pair (tested both ways): a family of one, no Holm section or key; its csv rows carry its own p
+    assert len(out["heldout_multiplicity"]) == 1 and "Holm" not in (calib / "study.md").read_text()
+    assert "heldout_multiplicity" not in json.loads((calib / "study.json").read_text())
 
 
 def test_report_finds_no_difference_within_noise(tmp_path):

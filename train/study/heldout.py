@@ -50,6 +50,54 @@ def heldout_contrasts(held: dict) -> list[dict]:
     ]
 
 
+def heldout_multiplicity(tests: dict, contrasts: list[dict]) -> list[dict]:
+    """[{arm, baseline, p, p_holm}], smallest p first: every distinct pair of arms whose held-out accuracy after
+    training was tested (the baselines' tables, then the contrasts; a pair tested both ways, as `grpo_nokl` against
+    `grpo` and `grpo` against `grpo_nokl`, counts once, in the direction met first), with its paired-t p and that p
+    Holm-adjusted over the family. Pairs with one seed (no test) are left out."""
+    pairs = [(a, b, r) for b, table in tests.items() for a, r in table.items()]
+    pairs += [(r["arm"], r["baseline"], r) for r in contrasts]
+    family, seen = [], set()
+    for a, b, r in pairs:
+        if frozenset((a, b)) not in seen and math.isfinite(r["after"]["p"]):
+            seen.add(frozenset((a, b)))
+            family.append({"arm": a, "baseline": b, "p": r["after"]["p"]})
+    for f, adjusted in zip(family, stats.holm([f["p"] for f in family])):
+        f["p_holm"] = adjusted
+    return sorted(family, key=lambda f: f["p"])
+
+
+def _csv_num(x: float) -> float | str:
+    return "" if math.isnan(x) else x
+
+
+def _holm_of(multiplicity: list[dict], arm: str, baseline: str) -> float:
+    return next((f["p_holm"] for f in multiplicity if {f["arm"], f["baseline"]} == {arm, baseline}), math.nan)
+
+
+def _multiplicity_markdown(multiplicity: list[dict]) -> list[str]:
+    if len(multiplicity) < 2:
+        return []
+    m = len(multiplicity)
+    survive = [f for f in multiplicity if f["p_holm"] < stats.ALPHA]
+    lines = [
+        "",
+        "### Multiplicity: Holm's correction",
+        "",
+        f"The tables above test each pair on its own at alpha {stats.ALPHA}. This report tests {m} distinct pairs "
+        "of arms on held-out accuracy, so some p below 0.05 are expected by chance alone; Holm's step-down "
+        f'correction keeps the chance of any false "beyond noise" among them at {stats.ALPHA} (paired-t p, '
+        "smallest first).",
+        "",
+        "| arm − baseline | p (t) | p (Holm) | beyond noise after the correction |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {f['arm']} − {f['baseline']} | {_p(f['p'])} | {_p(f['p_holm'])} | "
+              f"{'yes' if f['p_holm'] < stats.ALPHA else 'no'} |" for f in multiplicity]  # fmt: skip
+    lines += ["", f"{len(survive)} of {m} differences stay beyond noise after the correction."]
+    return lines
+
+
 def collapse_tests(runs: list[dict], order: list[str]) -> dict:
     """{baseline: {arm: {events, runs, base_events, base_runs, p}}}: the runs with any collapse event (run["collapse"])
     of each arm against each baseline of HELDOUT_BASELINES present, two-sided Fisher exact p. Runs, not seeds, are
@@ -148,10 +196,10 @@ def _in_words(arm: str, baseline: str, r: dict) -> str:
     )
 
 
-def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict] = (), collapse: dict | None = None
-                     ) -> str:  # fmt: skip
-    """study.md's section of per-problem held-out tests (from heldout.jsonl), with the collapse counts' tests and the
-    contrasts between methods."""
+def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict] = (), collapse: dict | None = None,
+                     multiplicity: list[dict] = ()) -> str:  # fmt: skip
+    """study.md's section of per-problem held-out tests (from heldout.jsonl), with the collapse counts' tests, the
+    contrasts between methods and Holm's correction over all of them."""
     n_held = sum(len(v) for v in held.values())
     lines = [
         "",
@@ -213,16 +261,18 @@ def heldout_markdown(tests: dict, held: dict, n_runs: int, contrasts: list[dict]
                 f"{_ci(t['ci'])} | {_p(t['p'])} | {_f(t['mdd'])} | {m['b']} / {m['c']} | {_p(m['p_exact'])} | "
                 f"{_ci(r['bootstrap_ci'])} | {r['reading']} |"
             )
+    lines += _multiplicity_markdown(list(multiplicity))
     return "\n".join(lines) + "\n"
 
 
 HELDOUT_CSV = ("baseline", "arm", "seeds", "problems", "diff_mean", "ci_lo", "ci_hi", "p_t", "sd_diff", "mdd_t",
                "gain_diff_mean", "gain_p_t", "mcnemar_b", "mcnemar_c", "p_mcnemar_exact", "p_mcnemar_chi2_cc",
-               "mdd_per_problem", "boot_lo", "boot_hi", "reading")  # fmt: skip
+               "mdd_per_problem", "boot_lo", "boot_hi", "reading", "p_t_holm")  # fmt: skip
 
 
-def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = ()) -> None:
-    """One row per (baseline, arm) tested: the baselines' tables, then the contrasts not already among them."""
+def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = (), multiplicity: list[dict] = ()) -> None:
+    """One row per (baseline, arm) tested: the baselines' tables, then the contrasts not already among them; p_t_holm
+    is the pair's Holm-adjusted p over `multiplicity`'s family (empty where the pair is not in it)."""
     rows = [(b, a, r) for b, table in tests.items() for a, r in table.items()]
     rows += [(r["baseline"], r["arm"], r) for r in contrasts if r["arm"] not in tests.get(r["baseline"], {})]
     with open(path, "w", newline="") as fh:
@@ -232,4 +282,5 @@ def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = ()) -> No
             t, g, m = r["after"], r["gain"], r["mcnemar"]
             w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
                         g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
-                        *r["bootstrap_ci"], stats.reading(t, baseline)])  # fmt: skip
+                        *r["bootstrap_ci"], stats.reading(t, baseline),
+                        _csv_num(_holm_of(list(multiplicity), arm, baseline))])  # fmt: skip

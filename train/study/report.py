@@ -14,7 +14,14 @@ from ..stability import RULES
 from ..study.curves import plot_curves
 from ..study.figure import plot_forest, plot_study
 from ..study.grid import RESEARCH_ARMS
-from ..study.heldout import collapse_tests, heldout_contrasts, heldout_markdown, heldout_tests, write_heldout_csv
+from ..study.heldout import (
+    collapse_tests,
+    heldout_contrasts,
+    heldout_markdown,
+    heldout_multiplicity,
+    heldout_tests,
+    write_heldout_csv,
+)
 from ..study.results import finished_runs, load_run, read_manifest, write_json
 
 BASELINE = "grpo"
@@ -237,6 +244,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
     held, tests = heldout_tests(dirs, runs, list(aggs))
     contrasts = heldout_contrasts(held)
+    multiplicity = heldout_multiplicity(tests, contrasts)
     collapse = collapse_tests(runs, list(aggs)) if held else {}
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
@@ -254,13 +262,14 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             **({"heldout_tests": {f"vs_{b}": t for b, t in tests.items()}} if held else {}),
             **({"heldout_contrasts": contrasts} if contrasts else {}),
             **({"collapse_tests": {f"vs_{b}": t for b, t in collapse.items()}} if collapse else {}),
+            **({"heldout_multiplicity": multiplicity} if len(multiplicity) > 1 else {}),
             "runs": runs,
         },  # fmt: skip
     )
     text = markdown(regime, manifest, aggs, diffs, runs)
     if held:
-        text += heldout_markdown(tests, held, len(runs), contrasts, collapse)
-        write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts)
+        text += heldout_markdown(tests, held, len(runs), contrasts, collapse, multiplicity)
+        write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts, multiplicity)
     (study_dir / "study.md").write_text(text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
@@ -269,4 +278,5 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
                 plot_forest(tests, regime, study_dir / "study_forest.png", contrasts)
             plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")
     return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests,
-            "heldout_contrasts": contrasts, "collapse_tests": collapse}  # fmt: skip
+            "heldout_contrasts": contrasts, "collapse_tests": collapse,
+            "heldout_multiplicity": multiplicity}  # fmt: skip

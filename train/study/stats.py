@@ -1,5 +1,6 @@
 """The held-out tests of a study, in pure Python (no scipy): paired t over seeds, McNemar's test over problems pooled
-over seeds, a two-level bootstrap, and the design's minimum detectable difference. docs/study.md, "Statistics".
+over seeds, a two-level bootstrap, the design's minimum detectable difference, Fisher's exact test of collapse counts
+and Holm's correction for the number of comparisons. docs/study.md, "Statistics".
 
 The unit of replication is the training run (a seed): the paired t-test over seeds is the primary test of whether a
 method changes held-out accuracy. McNemar's test pools the problems of every seed pair and treats them as independent;
@@ -149,6 +150,20 @@ def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
     probs = {x: math.comb(n1, x) * math.comb(n2, k - x) / total for x in range(max(0, k - n2), min(k, n1) + 1)}
     observed = probs[k1] * (1.0 + 1e-7)
     return min(1.0, math.fsum(q for q in probs.values() if q <= observed))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest of m p-values times (m - i), i from
+    0, made non-decreasing in that order and capped at 1. Rejecting every adjusted p below alpha keeps the chance of
+    any false rejection in the family at most alpha, whatever the tests' dependence."""
+    if any(not 0.0 <= p <= 1.0 for p in ps):
+        raise ValueError(f"holm: expected p-values in [0, 1], got {ps}")
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
 
 
 def mdd_pooled(discordant: int, problems: int, alpha: float = ALPHA, power: float = POWER) -> float:
