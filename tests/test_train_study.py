@@ -423,8 +423,9 @@ def _study_folders() -> list[Path]:
 
 def test_every_published_study_recomputes_from_its_run_files(tmp_path):
     """Each committed results folder holds the run files its tables came from, and `--report` on a copy of them gives
-    the committed study.csv, study.json and study.md again (the figure is left out: it is a picture of the same
-    numbers). A folder whose run files are missing fails here rather than publishing numbers nobody can recompute."""
+    the committed study.csv, study.json, study.md and study_heldout.csv again (the figures are left out: pictures of
+    the same numbers). A folder whose run files are missing fails here rather than publishing numbers nobody can
+    recompute."""
     import shutil
 
     from train.study.report import write_report
@@ -437,10 +438,12 @@ def test_every_published_study_recomputes_from_its_run_files(tmp_path):
         runs = sorted(folder.glob("runs/*/seed*/summary.json"))
         assert runs, f"{name}: study.json without its run files (runs/ARM/seedK/summary.json)"
         copy = tmp_path / str(name).replace("/", "_")
-        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("study.csv", "study.json", "study.md", "*.png"))
+        reports = ("study.csv", "study.json", "study.md", "study_heldout.csv")
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns(*reports, "*.png"))
         order = list(json.loads((folder / "study.json").read_text())["arms"])
         write_report(copy, order=order, figure=False)
-        for leaf in ("study.csv", "study.json", "study.md"):
+        assert (copy / reports[-1]).exists() == (folder / reports[-1]).exists(), f"{name}/{reports[-1]}"
+        for leaf in (r for r in reports if (folder / r).exists()):
             assert (copy / leaf).read_text() == (folder / leaf).read_text(), f"{name}/{leaf} does not recompute"
 
 
