@@ -196,6 +196,16 @@ def test_holm_adjusted_p_values():
         stats.holm([0.1, math.nan])
 
 
+def test_forest_rows_starred_only_when_holm_keeps_them():
+    from train.study.figure import forest_labels
+
+    rows = [("gtpo", {"after": {"n": 5}}, ("gtpo", "grpo")), ("s_grpo", {"after": {"n": 4}}, ("s_grpo", "grpo")),
+            ("grpo - gtpo", {"after": {"n": 5}}, ("grpo", "gtpo"))]  # fmt: skip
+    holm = {frozenset(("gtpo", "grpo")): 0.01, frozenset(("s_grpo", "grpo")): 0.05}
+    assert forest_labels(rows, holm) == ["gtpo (5) *", "s_grpo (4)", "grpo - gtpo (5) *"]
+    assert forest_labels(rows, {}) == ["gtpo (5)", "s_grpo (4)", "grpo - gtpo (5)"]
+
+
 def test_contrasts_between_methods(tmp_path):
     """The CONTRASTS pairs present are tested like the baselines' tables: s_grpo_tr gets 5, 6, 7 of 50 problems more
     right than grpo_nokl_tr on seeds 0, 1, 2 (0.12 +- 0.02 a seed); grpo_nokl_tr equals grpo_nokl; no s_grpo, so the

@@ -83,27 +83,37 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
     plt.close(fig)
 
 
-def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, contrasts: list[dict] = ()) -> None:
+def forest_labels(rows: list[tuple[str, dict, tuple[str, str]]], holm: dict[frozenset, float]) -> list[str]:
+    """A forest row's label: its name, its number of seeds, and a star when its pair's Holm-adjusted p (`holm`:
+    {frozenset((arm, baseline)): p}) is below 0.05."""
+    return [f"{label} ({r['after']['n']})" + (" *" if holm.get(frozenset(pair), 1.0) < 0.05 else "")
+            for label, r, pair in rows]  # fmt: skip
+
+
+def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, contrasts: list[dict] = (),
+                multiplicity: list[dict] = ()) -> None:  # fmt: skip
     """The paired differences of held-out accuracy after training, one panel per baseline (`tests`: {baseline: {arm:
     stats.compare(...)}}) and one for the contrasts between methods (heldout.CONTRASTS) when there are any: per row the
     mean difference over seeds with its t-based 95% interval (line) and the bootstrap interval (thick bar), a line at
-    0; an interval crossing it is within noise."""
+    0; an interval crossing it is within noise. With a `multiplicity` family (heldout.heldout_multiplicity) of two
+    pairs or more, a row whose Holm-adjusted p is below 0.05 is marked with a star, and the title counts them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(f"against {b}", f"held-out accuracy after training: arm - {b}", list(t.items()))
+    holm = {frozenset((f["arm"], f["baseline"])): f["p_holm"] for f in multiplicity} if len(multiplicity) > 1 else {}
+    panels = [(f"against {b}", f"held-out accuracy after training: arm - {b}", [(a, r, (a, b)) for a, r in t.items()])
               for b, t in tests.items() if t]  # fmt: skip
     if contrasts:
-        panels.append(("contrasts between methods", "held-out accuracy after training: arm - baseline",
-                       [(f"{r['arm']} - {r['baseline']}", r) for r in contrasts]))  # fmt: skip
+        rows = [(f"{r['arm']} - {r['baseline']}", r, (r["arm"], r["baseline"])) for r in contrasts]
+        panels.append(("contrasts between methods", "held-out accuracy after training: arm - baseline", rows))
     rows = max(len(p[2]) for p in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 1.2 + 0.42 * rows), constrained_layout=True,
                              squeeze=False)  # fmt: skip
     for ax, (title, xlabel, table) in zip(axes.flat, panels):
         table = table[::-1]  # the first row at the top
-        for y, (_, r) in enumerate(table):
+        for y, (_, r, _) in enumerate(table):
             t, boot = r["after"], r["bootstrap_ci"]
             beyond = "within" not in r["reading"] and t["n"] > 1
             colour = "tab:red" if beyond else "tab:blue"
@@ -114,12 +124,18 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, cont
                             ecolor=colour, elinewidth=1.2, capsize=3)  # fmt: skip
             ax.plot([t["mean"]], [y], "o", color=colour, ms=5)
         ax.axvline(0.0, color="black", lw=0.8)
-        ax.set_yticks(range(len(table)), [f"{label} ({r['after']['n']})" for label, r in table])
+        ax.set_yticks(range(len(table)), forest_labels(table, holm))
         ax.set_ylim(-0.7, len(table) - 0.3)
         ax.set_xlabel(xlabel)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"Study '{regime}': paired difference per seed, mean with t 95% CI (line) and bootstrap 95% CI "
-                 "(bar); red: beyond noise; (seeds)", fontsize=10)  # fmt: skip
+    title = (
+        f"Study '{regime}': paired difference per seed, mean with t 95% CI (line) and bootstrap 95% CI (bar); "
+        "(seeds); red: beyond noise"
+    )
+    if holm:
+        kept = sum(p < 0.05 for p in holm.values())
+        title += f" test by test; *: still beyond noise after Holm's correction over {len(holm)} pairs ({kept})"
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)

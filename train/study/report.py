@@ -275,7 +275,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
         if held:
             if any(tests.values()):
-                plot_forest(tests, regime, study_dir / "study_forest.png", contrasts)
+                plot_forest(tests, regime, study_dir / "study_forest.png", contrasts, multiplicity)
             plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")
     return {"arms": aggs, "paired": diffs[BASELINE], "paired_by_baseline": diffs, "runs": runs, "heldout_tests": tests,
             "heldout_contrasts": contrasts, "collapse_tests": collapse,
