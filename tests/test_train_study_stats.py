@@ -196,6 +196,19 @@ def test_holm_adjusted_p_values():
         stats.holm([0.1, math.nan])
 
 
+def test_report_of_a_baseline_alone(tmp_path):
+    """A study whose only arm is a baseline (the first run of an extension, say) reports without a test: it used to
+    fail with a KeyError in the collapse table."""
+    from train.study.report import write_report
+
+    study = tmp_path / "study"
+    write_run(study, "grpo_nokl", 5, [False] * 4, [True, False, False, False])
+    out = write_report(study, figure=False)
+    md = (study / "study.md").read_text()
+    assert out["collapse_tests"] == {} and "Fisher" not in md and "Holm" not in md
+    assert "collapse_tests" not in json.loads((study / "study.json").read_text())
+
+
 def test_forest_rows_starred_only_when_holm_keeps_them():
     from train.study.figure import forest_labels
 

@@ -109,9 +109,11 @@ def collapse_tests(runs: list[dict], order: list[str]) -> dict:
     out = {}
     for b in (b for b in HELDOUT_BASELINES if b in counts):
         kb, nb = counts[b]
-        out[b] = {a: {"events": counts[a][0], "runs": counts[a][1], "base_events": kb, "base_runs": nb,
-                      "p": stats.fisher_exact(*counts[a], kb, nb)}
-                  for a in order if a != b and a in counts}  # fmt: skip
+        table = {a: {"events": counts[a][0], "runs": counts[a][1], "base_events": kb, "base_runs": nb,
+                     "p": stats.fisher_exact(*counts[a], kb, nb)}
+                 for a in order if a != b and a in counts}  # fmt: skip
+        if table:  # a baseline with no other arm beside it has nothing to be tested against
+            out[b] = table
     return out
 
 
