@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..study.heldout import holm_by_pair
 from ..study.results import finished_runs, read_records
 
 PANELS = (
@@ -102,7 +103,7 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, cont
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    holm = {frozenset((f["arm"], f["baseline"])): f["p_holm"] for f in multiplicity} if len(multiplicity) > 1 else {}
+    holm = holm_by_pair(list(multiplicity)) if len(multiplicity) > 1 else {}
     panels = [(f"against {b}", f"held-out accuracy after training: arm - {b}", [(a, r, (a, b)) for a, r in t.items()])
               for b, t in tests.items() if t]  # fmt: skip
     if contrasts:
@@ -129,13 +130,13 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, cont
         ax.set_xlabel(xlabel)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    title = (
+    suptitle = (
         f"Study '{regime}': paired difference per seed, mean with t 95% CI (line) and bootstrap 95% CI (bar); "
         "(seeds); red: beyond noise"
     )
     if holm:
         kept = sum(p < 0.05 for p in holm.values())
-        title += f" test by test; *: still beyond noise after Holm's correction over {len(holm)} pairs ({kept})"
-    fig.suptitle(title, fontsize=10)
+        suptitle += f" test by test; *: still beyond noise after Holm's correction over {len(holm)} pairs ({kept})"
+    fig.suptitle(suptitle, fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -71,8 +71,9 @@ def _csv_num(x: float) -> float | str:
     return "" if math.isnan(x) else x
 
 
-def _holm_of(multiplicity: list[dict], arm: str, baseline: str) -> float:
-    return next((f["p_holm"] for f in multiplicity if {f["arm"], f["baseline"]} == {arm, baseline}), math.nan)
+def holm_by_pair(multiplicity: list[dict]) -> dict[frozenset, float]:
+    """{frozenset((arm, baseline)): Holm-adjusted p} of a `heldout_multiplicity` family: a pair in either direction."""
+    return {frozenset((f["arm"], f["baseline"])): f["p_holm"] for f in multiplicity}
 
 
 def _multiplicity_markdown(multiplicity: list[dict]) -> list[str]:
@@ -277,6 +278,7 @@ def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = (), multi
     is the pair's Holm-adjusted p over `multiplicity`'s family (empty where the pair is not in it)."""
     rows = [(b, a, r) for b, table in tests.items() for a, r in table.items()]
     rows += [(r["baseline"], r["arm"], r) for r in contrasts if r["arm"] not in tests.get(r["baseline"], {})]
+    holm = holm_by_pair(list(multiplicity))
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(HELDOUT_CSV)
@@ -285,4 +287,4 @@ def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = (), multi
             w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
                         g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
                         *r["bootstrap_ci"], stats.reading(t, baseline),
-                        _csv_num(_holm_of(list(multiplicity), arm, baseline))])  # fmt: skip
+                        _csv_num(holm.get(frozenset((arm, baseline)), math.nan))])  # fmt: skip
