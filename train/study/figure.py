@@ -103,7 +103,7 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, cont
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    holm = holm_by_pair(list(multiplicity)) if len(multiplicity) > 1 else {}
+    holm = holm_by_pair(multiplicity) if len(multiplicity) > 1 else {}
     panels = [(f"against {b}", f"held-out accuracy after training: arm - {b}", [(a, r, (a, b)) for a, r in t.items()])
               for b, t in tests.items() if t]  # fmt: skip
     if contrasts:

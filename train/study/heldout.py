@@ -278,7 +278,7 @@ def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = (), multi
     is the pair's Holm-adjusted p over `multiplicity`'s family (empty where the pair is not in it)."""
     rows = [(b, a, r) for b, table in tests.items() for a, r in table.items()]
     rows += [(r["baseline"], r["arm"], r) for r in contrasts if r["arm"] not in tests.get(r["baseline"], {})]
-    holm = holm_by_pair(list(multiplicity))
+    holm = holm_by_pair(multiplicity)
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(HELDOUT_CSV)
