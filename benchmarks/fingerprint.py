@@ -33,7 +33,7 @@ REWARD = ["--reward", "benchmarks.fingerprint_rewards:char_reward"]
 PRESETS = ["s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo",
            "s_grpo_afn"]  # fmt: skip
 FEATURES = {
-    "grpo_ref": ["--preset", "grpo", "--loss", "beta=0.04"],
+    "grpo_nokl": ["--preset", "grpo", "--loss", "beta=0"],  # the preset has the reference (beta 0.04)
     "ppo_epochs": ["--preset", "grpo", "--ppo-epochs", "2"],
     "dynamic_sampling": ["--preset", "grpo", "--dynamic-sampling", "true"],
     "trust_region": ["--preset", "grpo", "--trust-region", "0.01"],
