@@ -220,7 +220,7 @@ class SGRPOTrainer(GRPOTrainer):
             # steps_per_generation micro-batches (TRL's dapo normalizer)
             batch_tokens = num_items.clamp(min=1) * steps / self.args.steps_per_generation
             return mask.sum() * procs / batch_tokens
-        if agg == "seq-sum-token-mean":
+        if agg in ("seq-sum-token-mean", "token-sum"):
             return float(procs)
         return 1.0 / steps
 
