@@ -7,8 +7,8 @@ micro-batch is ``policy_loss`` on it, scaled to its share of the mini-batch acro
 ``agg_loss`` normalizes (the engine sums micro-batches and FSDP averages ranks):
 
 - ``token-mean``: x (micro-batch tokens x dp / mini-batch tokens); ``seq-mean-*``: x (micro-batch completions x dp /
-  mini-batch completions); ``seq-sum-token-mean`` and ``token-sum``: x dp. The policy term and the entropy bonus are then exactly the
-  RL layer's on the whole mini-batch, however verl splits it into micro-batches and ranks.
+  mini-batch completions); ``seq-sum-token-mean`` and ``token-sum``: x dp. The policy term and the entropy bonus are
+  then exactly the RL layer's on the whole mini-batch, however verl splits it into micro-batches and ranks.
 - The entropy floor / ceiling (``max(0, H_min - Hbar)``) is a function of the micro-batch's mean entropy, not a sum
   over tokens: it is computed per micro-batch and scaled like the rest, the same approximation the bundled trainer and
   the TRL integration make under DDP / gradient accumulation (exact when a micro-batch is the mini-batch).
