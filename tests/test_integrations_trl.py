@@ -1,7 +1,8 @@
 """SGRPOTrainer inside TRL's GRPOTrainer, on a tiny random Llama and a character-level tokenizer built in-process (no
 downloads): training with several presets and LoRA, parity with TRL's own loss (grpo, cispo, sapo, the sampler
-correction's four modes and the off-policy mask), the trust region, conflict weights under TRL's shuffling, the same update from 2 processes or 2 accumulated micro-batches as from one (fixed completions), the head
-helper, and the errors for what TRL cannot serve. Skipped without the `trl` extra."""
+correction's four modes and the off-policy mask), the trust region, conflict weights under TRL's shuffling, the same
+update from 2 processes or 2 accumulated micro-batches as from one (fixed completions), the head helper, and the
+errors for what TRL cannot serve. Skipped without the `trl` extra."""
 
 from __future__ import annotations
 
