@@ -1,7 +1,8 @@
 """SGRPOTrainer inside TRL's GRPOTrainer, on a tiny random Llama and a character-level tokenizer built in-process (no
-downloads): training with several presets and LoRA, parity with TRL's own loss, conflict weights under TRL's
-shuffling, the same update from 2 processes or 2 accumulated micro-batches as from one (fixed completions), the head
-helper, and the errors for what TRL cannot serve. Skipped without the `trl` extra."""
+downloads): training with several presets and LoRA, parity with TRL's own loss (grpo, cispo, sapo, the sampler
+correction's four modes and the off-policy mask), the trust region, conflict weights under TRL's shuffling, the same
+update from 2 processes or 2 accumulated micro-batches as from one (fixed completions), the head helper, and the
+errors for what TRL cannot serve. Skipped without the `trl` extra."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ pytest.importorskip("datasets")
 
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
 
 import sgrpo_kernels as sk  # noqa: E402
 from sgrpo_kernels import rl  # noqa: E402
@@ -473,3 +474,133 @@ def test_trl_example_shows_progress_with_an_eta(monkeypatch):
     finally:
         hf_logging.set_verbosity(verbosity)
     assert built and built[0].disable_tqdm is False
+
+
+# --------------------------------------------------- the trust region, the field's losses, sampler-mismatch correction
+
+
+@pytest.mark.parametrize(("preset", "loss", "extra"), [("grpo", "beta=0", {}), (None, "", {"loss_type": "dapo"}),
+                                                        ("cispo", "", {})])  # fmt: skip
+def test_trust_region_caps_every_step_and_logs_it(tmp_path, preset, loss, extra):
+    """SGRPOConfig(trust_region=delta), with a preset or TRL's own loss (sgrpo_preset=None): every optimizer step's
+    norm is logged before and after the projection; after it, never above delta; the weights moved by that much."""
+    cap = 1e-3
+    t = trainer(tmp_path, preset, loss, trust_region=cap, max_steps=3, learning_rate=5e-2, **extra)
+    moves = []
+    t.add_callback(_StepMoves(moves, t))
+    t.train()
+    logs = [h for h in t.state.log_history if "trust_region/step_norm" in h]
+    assert len(logs) == 3
+    for h in logs:
+        assert h["trust_region/step_norm"] > cap and h["trust_region/projected"] == 1.0  # lr 5e-2: far outside
+        assert 0.99 * cap <= h["trust_region/step_norm_after"] <= cap
+    assert t.trust_region.steps == 3 and len(moves) == 3
+    assert all(0.99 * cap <= m <= cap * (1 + 1e-6) for m in moves), moves
+
+
+class _StepMoves(TrainerCallback):
+    """The float64 norm of each optimizer step's change of the trained weights, measured outside the trust region."""
+
+    def __init__(self, out, t):
+        self.out, self.t, self.before = out, t, None
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.before = {n: p.detach().double().clone() for n, p in self.t.model.named_parameters() if p.requires_grad}
+
+    def on_step_end(self, args, state, control, **kw):
+        now = {n: p.detach().double() for n, p in self.t.model.named_parameters() if p.requires_grad}
+        self.out.append(float(torch.sqrt(sum(((now[n] - self.before[n]) ** 2).sum() for n in now))))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"trust_region": -0.1}, ["trust_region=-0.1", "> 0"]),
+        ({"trust_region": float("nan")}, ["trust_region=nan", "> 0"]),
+        ({"trust_region": 0.0}, ["trust_region=0.0", "> 0"]),
+        ({"trust_region": "0.1"}, ["trust_region='0.1'", "number"]),
+        ({"vllm_importance_sampling_mode": "geometric_mask"}, ["vllm_importance_sampling_mode='geometric_mask'",
+                                                               "sequence_mask"]),  # fmt: skip
+        ({"vllm_importance_sampling_clip_max": -1.0}, ["vllm_importance_sampling_clip_max", "> 0.0", "-1.0"]),
+        ({"off_policy_mask_threshold": float("nan")}, ["off_policy_mask_threshold=nan", ">= 0"]),
+        ({"off_policy_mask_threshold": -1.0}, ["off_policy_mask_threshold=-1.0", ">= 0"]),
+        ({"sgrpo_preset": None, "sgrpo_loss": "beta=0"}, ["sgrpo_preset=None", "sgrpo_loss='beta=0'"]),
+        ({"sgrpo_preset": "cispo", "sgrpo_loss": "sapo_tau_pos=2"}, ["sapo_tau_pos", "policy_term"]),
+    ],
+)
+def test_new_fields_refuse_nonsense(tmp_path, overrides, words):
+    from conftest import assert_refused
+
+    kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "beta": 0.0}
+    assert_refused(lambda: SGRPOConfig(**kw, **overrides), ValueError, words)
+
+
+def _current_logps(t, inputs):
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        lp, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, att, inputs["completion_ids"].size(1))
+    return lp
+
+
+def _both_losses(t, inputs):
+    losses, grads = [], []
+    for compute in (trl.GRPOTrainer._compute_loss, SGRPOTrainer._compute_loss):
+        t.model.zero_grad(set_to_none=True)
+        loss = compute(t, t.model, dict(inputs))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-5, atol=1e-6, msg=k)
+    assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4
+    return losses
+
+
+@pytest.mark.parametrize(("preset", "loss", "trl_kw"), [
+    ("cispo", "epsilon_low=1.0,epsilon_high=1.5", {"loss_type": "cispo", "epsilon_high": 2.5}),
+    ("sapo", "", {"loss_type": "sapo"}),
+    ("sapo", "sapo_tau_pos=2.0,sapo_tau_neg=3.0", {"loss_type": "sapo", "sapo_temperature_pos": 2.0,
+                                                   "sapo_temperature_neg": 3.0}),
+])  # fmt: skip
+def test_parity_with_trl_cispo_and_sapo(tmp_path, preset, loss, trl_kw):
+    """TRL 1.16's loss_type cispo (weight min(r, eps_max) = ours with epsilon_low=1, epsilon_high=eps_max - 1, token
+    mean over the batch) and sapo (its temperatures, mean over sequences of the token mean) equal the presets, off
+    policy (old log-probs 0.3 nats away), loss and gradients."""
+    t = trainer(tmp_path, preset, loss, temperature=0.7, bf16=False, **trl_kw)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    inputs = _inputs(t)
+    g = torch.Generator().manual_seed(1)
+    lp = _current_logps(t, inputs)
+    inputs["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    _both_losses(t, inputs)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_sampler_correction_from_trls_fields_equals_trl(tmp_path, mode):
+    """With vLLM's log-probs in the batch, the integration weights the loss by the RL layer's sampler IS weights from
+    TRL's own fields; equal to TRL's loss given TRL's ratio (written here from TRL's rule), and to TRL's off-policy
+    sequence mask."""
+    t = trainer(tmp_path, "grpo", "beta=0", loss_type="grpo", epsilon=0.2, temperature=0.7, bf16=False,
+                vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=1.3,
+                vllm_importance_sampling_clip_min=0.8, off_policy_mask_threshold=0.05)  # fmt: skip
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    t.use_vllm, t.vllm_importance_sampling_correction = True, True  # as if vLLM had sampled the batch
+    inputs = _inputs(t)
+    mask = inputs["completion_mask"].float()
+    g = torch.Generator().manual_seed(2)
+    lp = _current_logps(t, inputs)
+    old = lp + 0.1 * torch.randn(lp.shape, generator=g)
+    sampled = old + 0.15 * torch.randn(lp.shape, generator=g)
+    diff = (old - sampled) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    ratio = ratio.clamp(0.8, 1.3) if mode.endswith("truncate") else ratio.masked_fill((ratio < 0.8) | (ratio > 1.3), 0)
+    inputs.update(old_per_token_logps=old, sampling_per_token_logps=sampled, importance_sampling_ratio=ratio)
+    _both_losses(t, inputs)
+    kl = ((sampled - lp) * mask).sum(-1) / mask.sum(-1)
+    assert ((inputs["advantages"] < 0) & (kl > 0.05)).any()  # the off-policy mask dropped a completion

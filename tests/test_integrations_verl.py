@@ -318,3 +318,103 @@ def test_trainer_refuses_what_the_loss_does_not_serve():
             node[leaf] = value
         assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words)
     assert_refused(lambda: check_verl_config(base, dataclasses.replace(cfg, beta=0.04)), ValueError, "beta=0.04")
+
+
+# ------------------------------------------------------------------ the field's losses against verl's own functions
+
+# our preset -> verl 0.9.1's registered loss_mode
+FIELD_MODES = {"dppo_tv": "dppo_tv", "dppo_kl": "dppo_kl", "cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean",
+               "clip_cov": "clip_cov", "kl_cov": "kl_cov"}  # fmt: skip
+VERL_AGGS = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# verl's sapo and geo_mean aggregate their own way whatever loss_agg_mode says (sapo: seq-mean-token-mean; geo_mean: a
+# mean over the rows of the sequence term, which is seq-mean-token-mean when no row is empty)
+OWN_AGG = {"sapo": "seq-mean-token-mean", "gmpo": "seq-mean-token-mean"}
+
+
+def _verl_actor_config(agg: str, **policy_loss):
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, ppo_mini_batch_size=1,
+                       loss_agg_mode=agg, policy_loss=PolicyLossConfig(**policy_loss))  # fmt: skip
+
+
+def _field_inputs(seed: int, b: int = 6, t: int = 9):
+    """Random log-probs (float64), off-policy old log-probs, per-completion advantages as verl's [B, T], and a mask
+    with lengths 1..T and a hole (no empty row: verl counts empty rows in some denominators, the RL layer does not)."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=g, dtype=torch.float64) * 4 - 0.01
+    old = (logp + 0.35 * torch.randn(b, t, generator=g, dtype=torch.float64)).clamp(max=-1e-4)
+    lengths = torch.tensor([t, 1, 4, t - 1, 2, 6])[:b]
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    mask[0, 3] = False
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    adv[2] = 0.0
+    return logp, old, mask, adv
+
+
+@pytest.mark.parametrize("agg", VERL_AGGS)
+@pytest.mark.parametrize("name", list(FIELD_MODES))
+def test_field_losses_equal_verls_registered_functions(name, agg):
+    """Loss and gradient w.r.t. the log-probs of each preset equal verl 0.9.1's own registered policy loss, for every
+    aggregation mode verl accepts, on random inputs with masks and off-policy old log-probs. Clip-Cov draws with the
+    global generator in both (the same seed); kl_cov's and clip_cov's token ratios are raised so that tokens are
+    selected."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    extra = {"clip_cov": {"cov_ratio": 0.05, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3},
+             "kl_cov": {"cov_ratio": 0.1}}.get(name, {})  # fmt: skip
+    verl_extra = {"clip_cov": {"clip_cov_ratio": 0.05, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3},
+                  "kl_cov": {"kl_cov_ratio": 0.1}}.get(name, {})  # fmt: skip
+    cfg = dataclasses.replace(rl.preset(name), loss_agg=OWN_AGG.get(name, agg), **extra)
+    logp, old, mask, adv = _field_inputs(len(name) * 10 + VERL_AGGS.index(agg))
+    x = logp.clone().requires_grad_()
+    torch.manual_seed(3)
+    ours, metrics = rl.policy_loss(x, adv, mask, cfg, old_logp=old)
+    (g_ours,) = torch.autograd.grad(ours, x)
+    y = logp.clone().requires_grad_()
+    fn = get_policy_loss_fn(FIELD_MODES[name])
+    torch.manual_seed(3)
+    theirs, _ = fn(old, y, adv.unsqueeze(1).expand_as(logp) * mask, mask.to(torch.float64), loss_agg_mode=agg,
+                   config=_verl_actor_config(agg, **verl_extra))  # fmt: skip
+    (g_theirs,) = torch.autograd.grad(theirs, y)
+    # verl's token-count denominators carry + 1e-8 (n + 1e-8 with n >= 1: a relative 1e-8 per row)
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-7)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-7, atol=1e-8)
+    if name in ("clip_cov", "kl_cov", "cispo"):
+        assert float(metrics["policy_term_frac"]) > 0  # the term's selection or clipping was exercised
+
+
+@pytest.mark.parametrize("name", ["dppo_tv", "dppo_kl"])
+def test_dppo_region_equal_verl_where_it_masks(name):
+    """DPPO with thresholds tight enough that the region masks tokens (verl's keys clip_ratio_low / _high)."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    cfg = dataclasses.replace(rl.preset(name), epsilon_low=0.01, epsilon_high=0.02, dppo_ratio_cap=1.3)
+    logp, old, mask, adv = _field_inputs(5)
+    x = logp.clone().requires_grad_()
+    ours, metrics = rl.policy_loss(x, adv, mask, cfg, old_logp=old)
+    (g_ours,) = torch.autograd.grad(ours, x)
+    c = _verl_actor_config("token-mean")
+    c = dataclasses.replace(c, clip_ratio_low=0.01, clip_ratio_high=0.02, clip_ratio_c=1.3)
+    y = logp.clone().requires_grad_()
+    theirs, _ = get_policy_loss_fn(name)(old, y, adv.unsqueeze(1).expand_as(logp) * mask, mask.to(torch.float64),
+                                         loss_agg_mode="token-mean", config=c)  # fmt: skip
+    torch.testing.assert_close(ours, theirs, rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(g_ours, torch.autograd.grad(theirs, y)[0], rtol=1e-7, atol=1e-10)
+    assert 0 < float(metrics["policy_term_frac"]) < 1
+
+
+def test_field_presets_carry_verl_defaults():
+    """Each preset's numbers are verl 0.9.1's defaults for its loss mode, read from verl's own config classes."""
+    c = _verl_actor_config("token-mean")
+    pl = c.policy_loss
+    for name in FIELD_MODES:
+        p = rl.preset(name)
+        assert (p.epsilon_low, p.epsilon_high) == (c.clip_ratio_low, c.clip_ratio_high) == (c.clip_ratio,) * 2
+        if name not in OWN_AGG:
+            assert p.loss_agg == c.loss_agg_mode
+    assert rl.preset("dppo_tv").dppo_ratio_cap == rl.preset("dppo_kl").dppo_ratio_cap == c.clip_ratio_c
+    assert (rl.preset("sapo").sapo_tau_pos, rl.preset("sapo").sapo_tau_neg) == (c.tau_pos, c.tau_neg)
+    cc, kc = rl.preset("clip_cov"), rl.preset("kl_cov")
+    assert (cc.cov_ratio, cc.clip_cov_lb, cc.clip_cov_ub) == (pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub)
+    assert (kc.cov_ratio, kc.kl_cov_coef) == (pl.kl_cov_ratio, pl.ppo_kl_coef)

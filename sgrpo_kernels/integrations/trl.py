@@ -21,11 +21,19 @@ What changes against `GRPOTrainer` (README, "Use with TRL"):
   seq-sum-token-mean.
 - TRL's own sampling, rewards, reference model (`beta`), old log-probs (`num_iterations > 1`), gradient accumulation,
   PEFT and logging stay as they are; the RL layer's metrics are added to TRL's logs under `sgrpo/`.
+- TRL's sampler-mismatch correction (`vllm_importance_sampling_correction` / `_mode` / `_clip_max` / `_clip_min`) and
+  off-policy sequence mask (`off_policy_mask_threshold`) are read from TRL's own fields and computed by the RL layer
+  (`sampler_importance_weights`, `off_policy_sequence_mask`).
+- `trust_region=delta` caps each optimizer step: ||theta - theta_old|| <= delta over every trained weight
+  (`sgrpo_kernels.rl.TrustRegion` on the optimizer; FSDP2 shards are measured as one model), logged as
+  `trust_region/step_norm` (before), `trust_region/step_norm_after` and `trust_region/projected` (fraction of steps).
+  With `sgrpo_preset=None` the loss and advantages are TRL's own (`loss_type`): the cap on plain GRPO.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -35,7 +43,18 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.rl import LossConfig, parse_overrides, prepare_groups, preset, preset_with, sgrpo_loss
+from sgrpo_kernels.rl import (
+    LossConfig,
+    TrustRegion,
+    parse_overrides,
+    prepare_groups,
+    preset,
+    preset_with,
+    sampler_importance_weights,
+    sgrpo_loss,
+)
+from sgrpo_kernels.rl.sampler_is import check_is_bounds
+from sgrpo_kernels.rl.trust_region import check_max_norm
 
 __all__ = ["SGRPOConfig", "SGRPOTrainer", "loss_config"]
 
@@ -45,18 +64,54 @@ _UNSUPPORTED_INPUTS = (
 )  # fmt: skip
 
 
+TRL_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's
+
+
 @dataclass
 class SGRPOConfig(GRPOConfig):
-    """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides. TRL's own loss fields
-    (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the loss; `beta` must
-    match the preset's (TRL computes the reference log-probs only when beta != 0)."""
+    """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides, and the trust region.
+    TRL's own loss fields (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the
+    loss unless `sgrpo_preset=None`; `beta` must match the preset's (TRL computes the reference log-probs only when
+    beta != 0)."""
 
-    sgrpo_preset: str = field(default="s_grpo", metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, ...)"})
+    sgrpo_preset: str | None = field(
+        default="s_grpo",
+        metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, cispo, dppo_tv, ...); None: TRL's own loss"},
+    )
     sgrpo_loss: str = field(default="", metadata={"help": 'LossConfig overrides on the preset, "field=value,..."'})
+    trust_region: float | None = field(
+        default=None,
+        metadata={"help": "cap on each optimizer step, ||theta - theta_old|| <= trust_region (inf: only measure); "
+                  "None: off"},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.trust_region is not None:
+            try:
+                check_max_norm(self.trust_region, "trust_region")
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"SGRPOConfig(trust_region={self.trust_region!r}): {exc}") from None
+        _check_trl_is_fields(self)
         loss_config(self)  # a bad preset or override is refused here, not when the trainer is built
+
+
+def _check_trl_is_fields(args: SGRPOConfig) -> None:
+    """TRL's sampler-mismatch fields, refused by name when they make no sense (TRL itself checks some of them only
+    at the first generation)."""
+    mode = args.vllm_importance_sampling_mode
+    if mode not in TRL_IS_MODES:
+        raise ValueError(f"SGRPOConfig(vllm_importance_sampling_mode={mode!r}): expected one of {TRL_IS_MODES}")
+    try:
+        check_is_bounds(mode, args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min,
+                        where="vllm_importance_sampling_")  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"SGRPOConfig: {exc}") from None
+    thr = args.off_policy_mask_threshold
+    if thr is not None and (isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr)
+                            or thr < 0):  # fmt: skip
+        raise ValueError(f"SGRPOConfig(off_policy_mask_threshold={thr!r}): expected None or a finite number >= 0 "
+                         "(the mean log-prob drift, in nats, above which a negative-advantage completion is dropped)")
 
 
 def _bounds(base: LossConfig, name: str) -> str | None:
@@ -91,8 +146,13 @@ def _refusal(args: SGRPOConfig, exc: Exception) -> str:
     return f"{where}: sgrpo_loss {name}={given[name]!r} refused: expected {expected}"
 
 
-def loss_config(args: SGRPOConfig) -> LossConfig:
-    """The LossConfig an SGRPOConfig asks for; a clear error for what TRL cannot serve."""
+def loss_config(args: SGRPOConfig) -> LossConfig | None:
+    """The LossConfig an SGRPOConfig asks for (None: TRL's own loss); a clear error for what TRL cannot serve."""
+    if args.sgrpo_preset is None:
+        if args.sgrpo_loss:
+            raise ValueError(f"SGRPOConfig(sgrpo_preset=None, sgrpo_loss={args.sgrpo_loss!r}): overrides need a "
+                             "preset; set sgrpo_preset (e.g. 's_grpo') or sgrpo_loss=''")
+        return None
     try:
         cfg = preset_with(args.sgrpo_preset, args.sgrpo_loss)
     except (TypeError, ValueError) as exc:
@@ -108,6 +168,14 @@ def loss_config(args: SGRPOConfig) -> LossConfig:
             f"SGRPOConfig: the preset {cfg.name!r} has beta={cfg.beta} but GRPOConfig beta={args.beta}; set "
             f"beta={cfg.beta} (TRL loads the reference model and computes its log-probs only when beta != 0)"
         )
+    thr = args.off_policy_mask_threshold
+    if thr is not None:
+        if cfg.off_policy_mask_threshold is not None and cfg.off_policy_mask_threshold != thr:
+            raise ValueError(
+                f"SGRPOConfig: off_policy_mask_threshold={thr!r} and sgrpo_loss off_policy_mask_threshold="
+                f"{cfg.off_policy_mask_threshold!r} differ; set one of them"
+            )
+        cfg = dataclasses.replace(cfg, off_policy_mask_threshold=float(thr))
     return cfg
 
 
@@ -121,6 +189,29 @@ class SGRPOTrainer(GRPOTrainer):
         self.sgrpo_config = loss_config(self.args)
         self._sgrpo_rewards_per_func: Tensor | None = None
         self._sgrpo_all_filtered = 0
+        self.trust_region: TrustRegion | None = None
+        if self.args.trust_region is not None and self.is_deepspeed_enabled:
+            raise NotImplementedError("SGRPOConfig(trust_region=...) with DeepSpeed: its optimizer steps on flat "
+                                      "partitions the cap cannot see yet; use DDP or FSDP2 (fsdp_version 2)")
+        if self.args.trust_region is not None and self.is_fsdp_enabled and _fsdp_version(self.accelerator) != 2:
+            raise NotImplementedError("SGRPOConfig(trust_region=...) with FSDP1: use FSDP2 (fsdp_version 2), whose "
+                                      "DTensor shards the cap measures as one model")
+
+    # ------------------------------------------------------------------------------------------ the trust region
+
+    def create_optimizer(self, *args, **kwargs):
+        opt = super().create_optimizer(*args, **kwargs)
+        if self.args.trust_region is not None and self.trust_region is None:
+            self.trust_region = TrustRegion(self.optimizer, self.args.trust_region)
+            self.optimizer.register_step_post_hook(self._log_trust_region)  # after the projection's own hook
+        return opt
+
+    def _log_trust_region(self, *_) -> None:
+        last = self.trust_region.last
+        metrics = self._metrics["train"]
+        metrics["trust_region/step_norm"].append(last.norm)
+        metrics["trust_region/step_norm_after"].append(last.norm_after)
+        metrics["trust_region/projected"].append(float(last.projected))
 
     # ------------------------------------------------------------------------------------------ advantages, groups
 
@@ -131,6 +222,8 @@ class SGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        if self.sgrpo_config is None:  # TRL's own advantages
+            return output
         per_func = self._sgrpo_rewards_per_func
         self._sgrpo_rewards_per_func = None
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
@@ -164,6 +257,8 @@ class SGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------- the loss
 
     def _compute_loss(self, model, inputs):
+        if self.sgrpo_config is None:  # TRL's own loss
+            return super()._compute_loss(model, inputs)
         extra = [k for k in _UNSUPPORTED_INPUTS if inputs.get(k) is not None]
         if extra:
             raise NotImplementedError(f"SGRPOTrainer: multimodal inputs are not supported yet ({', '.join(extra)})")
@@ -185,6 +280,13 @@ class SGRPOTrainer(GRPOTrainer):
         if hidden.dtype != head.weight.dtype:
             hidden = hidden.to(head.weight.dtype)
         cfg = self.sgrpo_config
+        weights = inputs.get("sgrpo_token_weights")
+        old, sampled = inputs.get("old_per_token_logps"), inputs.get("sampling_per_token_logps")
+        if self.use_vllm and self.vllm_importance_sampling_correction and old is not None and sampled is not None:
+            is_w = sampler_importance_weights(old, sampled, mask, self.vllm_importance_sampling_mode,
+                                              clip_max=self.vllm_importance_sampling_clip_max,
+                                              clip_min=self.vllm_importance_sampling_clip_min)  # fmt: skip
+            weights = is_w if weights is None else weights * is_w.to(weights.dtype)
         loss, metrics = sgrpo_loss(
             hidden,
             head.weight,
@@ -196,8 +298,9 @@ class SGRPOTrainer(GRPOTrainer):
             **head.options(),  # bias, logit scale, softcap: applied in the model's order, before the temperature
             old_logp=inputs.get("old_per_token_logps"),
             ref_logp=inputs.get("ref_per_token_logps") if cfg.needs_ref else None,
-            token_weights=inputs.get("sgrpo_token_weights"),
+            token_weights=weights,
             conflict_counts=inputs.get("sgrpo_conflict_counts"),
+            sampler_logp=sampled if sampled is not None else old,  # TRL's off-policy mask reads the sampler's
             compute_entropy=True,
         )
         mode = "train" if self.model.training else "eval"
@@ -220,7 +323,7 @@ class SGRPOTrainer(GRPOTrainer):
             # steps_per_generation micro-batches (TRL's dapo normalizer)
             batch_tokens = num_items.clamp(min=1) * steps / self.args.steps_per_generation
             return mask.sum() * procs / batch_tokens
-        if agg == "seq-sum-token-mean":
+        if agg in ("seq-sum-token-mean", "token-sum"):
             return float(procs)
         return 1.0 / steps
 
@@ -243,3 +346,8 @@ class SGRPOTrainer(GRPOTrainer):
                     "quantile:0.75'",
                     stacklevel=2,
                 )
+
+
+def _fsdp_version(accelerator) -> int:
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    return int(getattr(plugin, "fsdp_version", 1) or 1) if plugin is not None else 1

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from sgrpo_kernels.rl.config import LossConfig
 
-__all__ = ["PRESETS", "GroupSignals", "parse_overrides", "prepare_groups", "preset", "preset_with"]
+__all__ = ["FIELD_PRESETS", "PRESETS", "GroupSignals", "parse_overrides", "prepare_groups", "preset", "preset_with"]
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -185,6 +185,39 @@ def _lite_ppo() -> LossConfig:
     return LossConfig(name="lite_ppo", advantage_method="lite_ppo", beta=0.0, loss_agg="token-mean")
 
 
+def _field(name: str, **fields) -> Callable[[], LossConfig]:
+    """A preset of the field's losses (:mod:`sgrpo_kernels.rl.field_losses`): GRPO advantages, no KL, and verl
+    0.9.1's defaults for its loss mode (``ActorConfig``: clip_ratio 0.2, clip_ratio_c 3.0, tau_pos 1.0, tau_neg 1.05,
+    loss_agg_mode token-mean; ``PolicyLossConfig``: clip_cov_ratio / kl_cov_ratio 2e-4, clip_cov_lb 1, clip_cov_ub
+    5, ppo_kl_coef 0.1). Where the papers or TRL differ: docs/rl.md, "The field's losses"."""
+
+    def make() -> LossConfig:
+        return LossConfig(name=name, advantage_method="grpo", beta=0.0, epsilon_low=0.2, epsilon_high=0.2,
+                          **fields)  # fmt: skip
+
+    make.__name__ = f"_{name}"
+    return make
+
+
+# Kept apart from PRESETS (the GRPO family, whose losses make no host sync): Clip-Cov and KL-Cov choose tokens by a
+# data-dependent count, which reads the batch on the host. preset() and preset_with() take names from both.
+FIELD_PRESETS: dict[str, Callable[[], LossConfig]] = {
+    # DPPO (arXiv 2602.04879), verl dppo_tv / dppo_kl: epsilon = the divergence thresholds, C = clip_ratio_c
+    "dppo_tv": _field("dppo_tv", policy_term="dppo_tv", dppo_ratio_cap=3.0, loss_agg="token-mean"),
+    "dppo_kl": _field("dppo_kl", policy_term="dppo_kl", dppo_ratio_cap=3.0, loss_agg="token-mean"),
+    # CISPO (MiniMax-M1, arXiv 2506.13585), verl cispo: the weight clipped to [1 - 0.2, 1 + 0.2]
+    "cispo": _field("cispo", policy_term="cispo", loss_agg="token-mean"),
+    # SAPO (arXiv 2511.20347), verl sapo: always seq-mean-token-mean in verl
+    "sapo": _field("sapo", policy_term="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05, loss_agg="seq-mean-token-mean"),
+    # GMPO (arXiv 2507.20673), verl geo_mean: a mean over completions of the sequence term
+    "gmpo": _field("gmpo", policy_term="gmpo", loss_agg="seq-mean-token-mean"),
+    # Clip-Cov / KL-Cov (arXiv 2505.22617), verl clip_cov / kl_cov
+    "clip_cov": _field("clip_cov", policy_term="clip_cov", cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
+                       loss_agg="token-mean"),
+    "kl_cov": _field("kl_cov", policy_term="kl_cov", cov_ratio=2e-4, kl_cov_coef=0.1, loss_agg="token-mean"),
+}
+
+
 PRESETS: dict[str, Callable[[], LossConfig]] = {
     "grpo": _grpo,
     "dr_grpo": _dr_grpo,
@@ -242,9 +275,11 @@ def preset_with(name: str, overrides: str | dict = "") -> LossConfig:
 def preset(name: str) -> LossConfig:
     """The :class:`LossConfig` of a named algorithm: one of :data:`PRESETS` (``grpo``, ``dr_grpo``, ``dapo``, ``gspo``,
     ``gtpo`` (paper), ``gtpo_official`` (official code), ``s_grpo``, ``s_grpo_afn`` (S-GRPO + negative advantage for
-    all-fail groups), ``grpo_ef``, ``grpo_tc``, ``lite_ppo``)."""
+    all-fail groups), ``grpo_ef``, ``grpo_tc``, ``lite_ppo``, and the field's losses ``dppo_tv``, ``dppo_kl``,
+    ``cispo``, ``sapo``, ``gmpo``, ``clip_cov``, ``kl_cov``)."""
     if not isinstance(name, str):
         raise TypeError(f"preset name must be a string, got {type(name).__name__}")
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {tuple(PRESETS)}")
-    return PRESETS[name]()
+    make = PRESETS.get(name) or FIELD_PRESETS.get(name)
+    if make is None:
+        raise ValueError(f"unknown preset {name!r}; expected one of {tuple(PRESETS) + tuple(FIELD_PRESETS)}")
+    return make()

@@ -13,13 +13,15 @@ from torch import Tensor
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, check_advantage_options, group_advantages
 from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_DETECTS, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import parse_entropy_filter
+from sgrpo_kernels.rl.field_losses import POLICY_TERMS, TERM_FIELDS
 from sgrpo_kernels.validation import check_choice, check_number
 
-__all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "LossConfig"]
+__all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "POLICY_TERMS", "LossConfig"]
 
 IMPORTANCE_LEVELS = ("token", "sequence")
 PROB_COMPENSATIONS = ("positive", "all")
-LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-sum-token-mean")
+LOSS_AGGS = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-sum-token-mean",
+             "token-sum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +56,23 @@ class LossConfig:
         loss_agg: ``"seq-mean-token-mean"`` (GRPO: mean over non-empty completions of the per-completion token mean),
         ``"token-mean"`` (DAPO: sum over tokens / number of valid tokens), ``"seq-mean-token-sum"``,
         ``"seq-mean-token-sum-norm"`` (Dr. GRPO / TRL: sum / (B * max_completion_length); T when None),
-        ``"seq-sum-token-mean"`` (the official GTPO code: sum over completions of the token mean). Denominators count
-        valid (mask) tokens, including zero-weight and filtered ones.
+        ``"seq-sum-token-mean"`` (the official GTPO code: sum over completions of the token mean), ``"token-sum"``
+        (verl: the sum over tokens). Denominators count valid (mask) tokens, including zero-weight and filtered ones.
         positive_only: negative advantages set to 0 (policy term only updates positive completions).
+
+    The field's other policy terms (:mod:`sgrpo_kernels.rl.field_losses`, with their formulas and sources):
+        policy_term: ``"ppo"`` (the clipped term above) or ``"dppo_tv"``, ``"dppo_kl"``, ``"cispo"``, ``"sapo"``,
+        ``"gmpo"``, ``"clip_cov"``, ``"kl_cov"``; they read ``epsilon_low`` / ``epsilon_high`` in their own sense
+        (DPPO's divergence thresholds, CISPO's weight clip, GMPO's log-ratio clip) and take neither
+        ``importance_level="sequence"`` nor ``dual_clip``.
+        dppo_ratio_cap: C of DPPO's truncated ratio (verl ``clip_ratio_c``, 3.0).
+        sapo_tau_pos / sapo_tau_neg: SAPO's gate temperatures (1.0 / 1.05).
+        cov_ratio: the fraction of active tokens Clip-Cov / KL-Cov select (2e-4).
+        clip_cov_lb / clip_cov_ub: Clip-Cov's covariance window (1.0, 5.0); kl_cov_coef: KL-Cov's coefficient (0.1).
+        off_policy_mask_threshold: None, or delta >= 0: completions with A < 0 whose mean
+        :math:`\log\mu - \log\pi` over their tokens exceeds delta get zero weight (DeepSeek-V3.2's off-policy
+        sequence mask, TRL ``off_policy_mask_threshold``; :math:`\mu` the ``sampler_logp`` of the loss, else
+        ``old_logp``, else the current policy: no mask).
 
     Entropy (H from ``linear_logprobs``; differentiable terms use H, selections use detached H). The entropy terms
     sum over *active* tokens only (valid, non-zero weight, not filtered), so every inactive token gets exactly zero
@@ -113,6 +129,15 @@ class LossConfig:
     top_entropy_quantile: float | None = None
     prob_compensation: str | None = None
     prob_compensation_max: float | None = None
+    policy_term: str = "ppo"
+    dppo_ratio_cap: float = 3.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_coef: float = 0.1
+    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -135,13 +160,17 @@ class LossConfig:
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"LossConfig.{flag} must be a bool, got {getattr(self, flag)!r}")
         check_number("LossConfig.beta", self.beta, low=0.0)
-        check_number("LossConfig.epsilon_low", self.epsilon_low, low=0.0, high=1.0, high_open=True)
+        check_choice("LossConfig.policy_term", self.policy_term, POLICY_TERMS)
+        # epsilon_low = 1 is CISPO's "no lower bound" (TRL, the MiniMax-M1 paper); a PPO ratio clip needs < 1
+        check_number("LossConfig.epsilon_low", self.epsilon_low, low=0.0, high=1.0,
+                     high_open=self.policy_term != "cispo")
         check_number("LossConfig.epsilon_high", self.epsilon_high, low=0.0)
         if self.dual_clip is not None:
             check_number("LossConfig.dual_clip", self.dual_clip, low=1.0, low_open=True)
         check_choice("LossConfig.importance_level", self.importance_level, IMPORTANCE_LEVELS)
         check_number("LossConfig.log_ratio_clip", self.log_ratio_clip, low=0.0, low_open=True)
         check_choice("LossConfig.loss_agg", self.loss_agg, LOSS_AGGS)
+        self._check_policy_term()
         mcl = self.max_completion_length
         if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
             raise ValueError(f"LossConfig.max_completion_length must be None or an int >= 1, got {mcl!r}")
@@ -172,6 +201,32 @@ class LossConfig:
                     f"LossConfig.prob_compensation_max={self.prob_compensation_max!r} is set but prob_compensation is "
                     f"None; expected prob_compensation in {PROB_COMPENSATIONS}"
                 )
+
+    def _check_policy_term(self) -> None:
+        """The policy term's own fields: in range, and set only for the term that reads them."""
+        check_number("LossConfig.dppo_ratio_cap", self.dppo_ratio_cap, low=1.0)
+        check_number("LossConfig.sapo_tau_pos", self.sapo_tau_pos, low=0.0, low_open=True)
+        check_number("LossConfig.sapo_tau_neg", self.sapo_tau_neg, low=0.0, low_open=True)
+        check_number("LossConfig.cov_ratio", self.cov_ratio, low=0.0, low_open=True, high=1.0)
+        check_number("LossConfig.clip_cov_lb", self.clip_cov_lb)
+        check_number("LossConfig.clip_cov_ub", self.clip_cov_ub)
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(f"LossConfig.clip_cov_lb ({self.clip_cov_lb!r}) must be < LossConfig.clip_cov_ub "
+                             f"({self.clip_cov_ub!r})")
+        check_number("LossConfig.kl_cov_coef", self.kl_cov_coef, low=0.0)
+        if self.off_policy_mask_threshold is not None:
+            check_number("LossConfig.off_policy_mask_threshold", self.off_policy_mask_threshold, low=0.0)
+        defaults = {f.name: f.default for f in dataclasses.fields(LossConfig)}
+        for name, terms in TERM_FIELDS.items():
+            if getattr(self, name) != defaults[name] and self.policy_term not in terms:
+                raise ValueError(f"LossConfig.{name}={getattr(self, name)!r} applies to policy_term in {terms} only, "
+                                 f"got policy_term={self.policy_term!r}")
+        if self.policy_term != "ppo":
+            for name, value, default in (("importance_level", self.importance_level, "token"),
+                                         ("dual_clip", self.dual_clip, None)):  # fmt: skip
+                if value != default:
+                    raise ValueError(f"LossConfig.{name}={value!r} applies to policy_term='ppo' only (policy_term="
+                                     f"{self.policy_term!r} defines its own ratio and clipping); expected {default!r}")
 
     def _check_all_fail(self) -> None:
         """all_fail_c: a number > 0, for all_fail_negative only, set once; and no positive_only, which would clamp

@@ -30,6 +30,8 @@ def sgrpo_loss(
     conflict_counts: Tensor | None = None,
     rewards: Tensor | None = None,
     group_size: int | None = None,
+    sampler_logp: Tensor | None = None,
+    generator: torch.Generator | None = None,
     compute_entropy: bool | None = None,
     backend: str | None = None,
     memory_budget: int | None = None,
@@ -53,7 +55,7 @@ def sgrpo_loss(
         weight: ``[V, D]`` LM-head weight; bias: optional ``[V]``.
         targets: ``[B, T]`` integer sampled completion tokens.
         advantages: ``[B]``; mask: ``[B, T]`` bool or float; config: a :class:`~sgrpo_kernels.rl.LossConfig`.
-        old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size: as in
+        old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size, sampler_logp, generator: as in
             :func:`~sgrpo_kernels.rl.policy_loss` (``vocab_size`` is taken from ``weight``).
         compute_entropy: compute token entropies (default: only when the config needs them); when computed, the
             ``entropy_mean`` metric is reported.
@@ -123,4 +125,6 @@ def sgrpo_loss(
         group_size=group_size,
         vocab_size=vocab,
         max_logprob=out.max_logprob,
+        sampler_logp=sampler_logp,
+        generator=generator,
     )

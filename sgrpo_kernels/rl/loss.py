@@ -25,6 +25,8 @@ from torch import Tensor
 from sgrpo_kernels.backends.contract import stats_dtype
 from sgrpo_kernels.rl.config import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig
 from sgrpo_kernels.rl.entropy import completion_entropy, entropy_threshold, top_entropy_mask
+from sgrpo_kernels.rl.field_losses import field_term
+from sgrpo_kernels.rl.sampler_is import off_policy_sequence_mask
 from sgrpo_kernels.validation import check_float_tensor, check_mask, check_rank, check_same_device, check_tensor
 
 __all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "LossConfig", "metrics_to_floats", "policy_loss"]
@@ -185,6 +187,8 @@ def _aggregate(v: Tensor, m: Tensor, agg: str, max_len: int | None) -> Tensor:
     n_tok = m.sum(dim=1)
     if agg == "token-mean":
         return v.sum() / _safe(m.sum())
+    if agg == "token-sum":
+        return v.sum()
     if agg == "seq-mean-token-sum-norm":
         b, t = v.shape
         return v.sum() / float(max(1, b) * (max_len if max_len is not None else max(1, t)))
@@ -220,7 +224,7 @@ def _entropy_band_penalty(config: LossConfig, x: _Batch, active: Tensor) -> Tens
 
 
 def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights, conflict_counts,
-                  max_logprob=None):
+                  max_logprob=None, sampler_logp=None):
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
     logp = check_float_tensor("logp", logp)
@@ -231,7 +235,7 @@ def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, t
     mask = check_mask("mask", mask, (b, t), " (the shape of logp)")
     check_same_device("mask", mask, logp, "logp")
     for name, x in (("entropy", entropy), ("old_logp", old_logp), ("ref_logp", ref_logp),
-                    ("token_weights", token_weights), ("max_logprob", max_logprob)):
+                    ("token_weights", token_weights), ("max_logprob", max_logprob), ("sampler_logp", sampler_logp)):
         if x is not None:
             check_same_device(name, check_float_tensor(name, x, (b, t), " (the shape of logp)"), logp, "logp")
     if entropy is None and config.needs_entropy:
@@ -265,6 +269,8 @@ def policy_loss(
     group_size: int | None = None,
     vocab_size: int | None = None,
     max_logprob: Tensor | None = None,
+    sampler_logp: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family policy loss of B completions of length T (see :class:`LossConfig` for every term).
 
@@ -296,6 +302,9 @@ def policy_loss(
         rewards, group_size, vocab_size: only for ``entropy_filter="adaptive"`` or ``"coverage"`` (rewards ``[B]``).
         max_logprob: ``[B, T]`` log p_max per position (``linear_logprobs(..., return_max_logprob=True)``), detached
             inside; required when ``config.prob_compensation`` is set.
+        sampler_logp: ``[B, T]`` the sampler's log-probs, for ``config.off_policy_mask_threshold`` (default:
+            ``old_logp``).
+        generator: the random draw of ``policy_term="clip_cov"`` (default: torch's global generator).
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor and a dict of 0-d tensors (no device-to-host sync;
@@ -304,13 +313,19 @@ def policy_loss(
         ``ratio_mean/min/max`` (valid tokens), ``entropy_mean`` (valid tokens, NaN without entropy), ``kl`` (mean k3
         over valid tokens, 0 without ref_logp), ``zero_weight_frac`` (valid tokens with zero weight), ``filtered_frac``
         (non-empty completions filtered), ``entropy_threshold`` (NaN without a filter; ``"coverage"``: the mean of
-        the per-group thresholds over non-empty completions), ``adv_mean``, ``adv_std`` (non-empty completions).
+        the per-group thresholds over non-empty completions), ``adv_mean``, ``adv_std`` (non-empty completions);
+        with a ``policy_term`` other than ``"ppo"``, ``policy_term_frac`` (active tokens the term masked, clipped or
+        selected); with ``off_policy_mask_threshold``, ``off_policy_masked_frac`` (non-empty completions dropped).
     """
     logp, adv, mask = _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights,
-                                    conflict_counts, max_logprob)
+                                    conflict_counts, max_logprob, sampler_logp)
     x = _sanitize(logp, entropy, mask)
     adv, keep, thr = _shape_advantages(config, x, adv.detach().to(x.m.dtype), rewards, group_size, vocab_size)
-    w, active = _token_weights(config, x, token_weights, keep)
+    opm = None
+    if config.off_policy_mask_threshold is not None and (sampler_logp is not None or old_logp is not None):
+        mu = sampler_logp if sampler_logp is not None else old_logp
+        opm = off_policy_sequence_mask(adv, x.lp, mu, x.m, config.off_policy_mask_threshold)
+    w, active = _token_weights(config, x, token_weights, keep if opm is None else keep & opm)
     old = _old_logp(x, old_logp)
     ref = torch.where(x.valid, ref_logp.detach().to(x.lp.dtype), x.zero) if ref_logp is not None else None
     seq_lr = _seq_log_ratio(x, old) if config.importance_level == "sequence" else None
@@ -324,8 +339,14 @@ def policy_loss(
     lp_a, a = on_active(x.lp), on_active(adv.unsqueeze(1))
     if config.prob_compensation is not None:
         a = a * _compensation(config, x, max_logprob, adv)
-    ratio = _importance_ratio(config, lp_a, on_active(old), seq_lr)
-    per_tok, dual = _clipped_surrogate(config, a, ratio)
+    if config.policy_term == "ppo":
+        ratio = _importance_ratio(config, lp_a, on_active(old), seq_lr)
+        per_tok, dual = _clipped_surrogate(config, a, ratio)
+        flagged = None
+    else:
+        per_tok, ratio, flagged = field_term(config, lp_a, on_active(old), a, torch.where(active, x.m, x.zero), active,
+                                             x.zero, generator)
+        dual = torch.zeros_like(active)
     if ref is not None and config.beta > 0:
         per_tok = per_tok + config.beta * _k3(config, lp_a, on_active(ref))
 
@@ -347,6 +368,11 @@ def policy_loss(
     k3_valid = _k3(config, x.lp.detach(), ref) if ref is not None else None
     metrics = _metrics(config, x, loss, pg_loss, entropy_loss, ratio_valid, ratio.detach(), a, adv, active, keep, dual,
                        w, k3_valid, thr)
+    if flagged is not None:
+        metrics["policy_term_frac"] = (flagged & active).sum().to(x.zero.dtype) / _safe(active.sum().to(x.zero.dtype))
+    if opm is not None:
+        n_seq = x.seq_valid.sum().to(x.zero.dtype)
+        metrics["off_policy_masked_frac"] = (x.seq_valid & ~opm).sum().to(x.zero.dtype) / _safe(n_seq)
     if config.entropy_filter is not None and keep.device.type == "cpu":  # free on the CPU; elsewhere: metrics_to_floats
         warn_if_all_filtered(float(metrics["filtered_frac"]), config.entropy_filter, stacklevel=_caller_level())
     return loss, metrics

@@ -7,8 +7,8 @@ micro-batch is ``policy_loss`` on it, scaled to its share of the mini-batch acro
 ``agg_loss`` normalizes (the engine sums micro-batches and FSDP averages ranks):
 
 - ``token-mean``: x (micro-batch tokens x dp / mini-batch tokens); ``seq-mean-*``: x (micro-batch completions x dp /
-  mini-batch completions); ``seq-sum-token-mean``: x dp. The policy term and the entropy bonus are then exactly the
-  RL layer's on the whole mini-batch, however verl splits it into micro-batches and ranks.
+  mini-batch completions); ``seq-sum-token-mean`` and ``token-sum``: x dp. The policy term and the entropy bonus are
+  then exactly the RL layer's on the whole mini-batch, however verl splits it into micro-batches and ranks.
 - The entropy floor / ceiling (``max(0, H_min - Hbar)``) is a function of the micro-batch's mean entropy, not a sum
   over tokens: it is computed per micro-batch and scaled like the rest, the same approximation the bundled trainer and
   the TRL integration make under DDP / gradient accumulation (exact when a micro-batch is the mini-batch).
@@ -50,7 +50,7 @@ def _share(config: LossConfig, mask: Tensor, data) -> Tensor | float:
     dp, n_tokens, n_seqs = (_meta(data, k) for k in ("dp_size", "batch_num_tokens", "global_batch_size"))
     dp = dp or 1
     agg = config.loss_agg
-    if agg == "seq-sum-token-mean":
+    if agg in ("seq-sum-token-mean", "token-sum"):  # sums: DDP / FSDP average the ranks
         return float(dp)
     if agg == "token-mean":
         return mask.sum() * dp / n_tokens if n_tokens else 1.0
