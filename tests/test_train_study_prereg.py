@@ -182,6 +182,7 @@ def test_a_planned_study_prints_which_rule_fired_and_says_interim(tmp_path):
     write_report(study, figure=False)
     md = (study / "study.md").read_text()
     assert "## Pre-registered analysis (plan `v2-phase1`" in md
+    assert md.split("\n\n")[1].startswith("**INTERIM: 27 of 85 planned runs finished** (plan `v2-phase1`)")
     assert f"**INTERIM: {3 * 8 + 3} of {10 * 8 + 5} planned runs finished.**" in md
     assert md.count("**INTERIM, not a decision**") == 5 and "Decision:" not in md
     assert "| C1 | the cap at 1.5e-4 vs the lr with the cap's path length, no cap | 3 / 10 (interim) |" in md

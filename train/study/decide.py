@@ -261,6 +261,16 @@ def _decision_lines(plan: Plan, result: dict) -> list[str]:
     return lines
 
 
+def interim_banner(result: dict) -> str:
+    """The line study.md of a pre-registered study opens with while some planned run is missing ("" after)."""
+    done = sum(a["runs"] for a in result["arms"].values())
+    planned = sum(a["planned"] for a in result["arms"].values())
+    if done >= planned:
+        return ""
+    return (f"**INTERIM: {done} of {planned} planned runs finished** (plan `{result['plan']}`): every table below "
+            "reads fewer seeds than planned; no pre-registered decision is final.\n\n")  # fmt: skip
+
+
 def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
     """study.md's section of a pre-registered study: runs and collapse per arm, the contrasts and Fisher tests with
     their Holm-adjusted p, and for each hypothesis the rule that fired (or INTERIM / inconclusive)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..stability import RULES
 from ..study.curves import plot_curves
-from ..study.decide import evaluate, facts, plan_markdown
+from ..study.decide import evaluate, facts, interim_banner, plan_markdown
 from ..study.figure import plot_forest, plot_study
 from ..study.grid import RESEARCH_ARMS
 from ..study.heldout import (
@@ -278,7 +278,8 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
         text += heldout_markdown(tests, held, len(runs), contrasts, collapse, multiplicity)
         write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts, multiplicity)
     if decided is not None:
-        text += plan_markdown(plan, decided, data)
+        title, _, rest = text.partition("\n\n")
+        text = f"{title}\n\n{interim_banner(decided)}{rest}" + plan_markdown(plan, decided, data)
     (study_dir / "study.md").write_text(text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
