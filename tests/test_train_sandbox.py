@@ -415,17 +415,19 @@ def test_evaluate_code_task(monkeypatch, humaneval):
                 texts.append(good if p in problems[:2] else "    return None\n")
             else:
                 texts += [good if (p is problems[2] and i == 1) else "    return None\n" for i in range(group_size)]
-        return SimpleNamespace(texts=texts)
+        ids = torch.ones(len(texts), 1, dtype=torch.long)  # one token each, no EOS (id 0): the details' lengths
+        return SimpleNamespace(texts=texts, completion_ids=ids, completion_mask=ids.bool())
 
     monkeypatch.setattr(ev, "rollout", fake_rollout)
     cfg = TrainConfig(model="tiny", eval_k=3, eval_k_problems=4, progress=False)
     model = torch.nn.Linear(1, 1)
-    out = ev.evaluate(model, None, problems, cfg)
+    tok = SimpleNamespace(eos_token_id=0)
+    out = ev.evaluate(model, tok, problems, cfg)
     assert out["eval_acc"] == 0.5 and out["eval_pass@3"] == 0.25 and math.isnan(out["eval_maj@3"])
     assert "maj" not in out["eval_counts"] and out["eval_counts"]["pass"] == 1
 
     arith = ArithmeticTask("1").heldout(4, seed=0)
-    out = ev.evaluate(model, None, arith, cfg)
+    out = ev.evaluate(model, tok, arith, cfg)
     assert out["eval_maj@3"] == sum(p.answer == "7" for p in arith) / 4
 
 

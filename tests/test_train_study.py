@@ -414,6 +414,9 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
         "s_grpo_gtl": dataclasses.replace(rl.preset("s_grpo"), entropy_filter=q75),
         "grpo_nokl_tr": dataclasses.replace(rl.preset("grpo"), beta=0.0),  # (trainer flags: Arm.train)
     }
+    # the v2 study's arms: grpo or grpo without the reference, their lr (and cap, warm-up, epochs) as trainer flags
+    want |= {a: rl.preset("grpo") for a in ("grpo_lr1e-4", "grpo_lr1.5e-4")}
+    want |= {a: dataclasses.replace(rl.preset("grpo"), beta=0.0) for a in RESEARCH_ARMS if a.startswith("grpo_nokl_")}
     assert got == want
 
 

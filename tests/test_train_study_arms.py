@@ -15,6 +15,17 @@ TRAIN_ARMS = {
     "grpo_nokl_tr": {"trust_region": 0.1},
     "s_grpo_gp": {"grad_penalty": 0.05, "grad_penalty_gamma": 1.0},
     "s_grpo_gtl": {"dense_reward": "gt_likelihood"},
+    # the v2 study's arms (docs/study-v2-preregistration.md)
+    "grpo_lr1e-4": {"lr": 1e-4},
+    "grpo_lr1.5e-4": {"lr": 1.5e-4},
+    "grpo_nokl_lr7.5e-5": {"lr": 7.5e-5},
+    "grpo_nokl_lr1e-4": {"lr": 1e-4},
+    "grpo_nokl_lr1.5e-4": {"lr": 1.5e-4},
+    "grpo_nokl_lr2.5e-4": {"lr": 2.5e-4},
+    "grpo_nokl_tr_lr1.5e-4": {"lr": 1.5e-4, "trust_region": 0.1},
+    "grpo_nokl_tr_lr2.5e-4": {"lr": 2.5e-4, "trust_region": 0.1},
+    "grpo_nokl_wu20_lr1.5e-4": {"lr": 1.5e-4, "warmup_steps": 20},
+    "grpo_nokl_ppo2_lr2.5e-4": {"lr": 2.5e-4, "ppo_epochs": 2},
 }
 
 

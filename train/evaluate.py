@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from .config import TrainConfig
-from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards
+from .engines.hf import eos_ids
+from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards, extract_answer
 from .rollout import Sampling, majority, rollout
 from .run.metrics import dumps
 from .run.progress import progress_bar
@@ -35,18 +36,21 @@ def evaluate(
     on `k_subset` (default: the first `eval_k_problems` problems). Uses its own RNG (forked), so evaluating never
     changes the training trajectory. When `cfg.progress`, a bar named `desc` counts the problems (greedy), then
     another the pass@k subset. Also returns the counts behind each rate (`eval_counts`), which a torchrun job sums over
-    ranks, and each problem's outcome (`eval_correct`: a list of bools, in the order of `problems`; `eval_acc` is its
-    mean)."""
+    ranks, each problem's outcome (`eval_correct`: a list of bools, in the order of `problems`; `eval_acc` is its
+    mean) and what its greedy completion was (`eval_greedy`: `greedy_details`, in the same order)."""
     k = cfg.eval_k
     subset = (problems[: cfg.eval_k_problems] if k_subset is None else k_subset) if k > 0 else []
     bar = progress_bar(cfg.progress, len(problems), desc)  # the problems evaluated; pass@k: a bar of its own
 
-    def run(greedy: bool, n: int, probs) -> list[str]:
+    def run(greedy: bool, n: int, probs, shapes: list | None = None) -> list[str]:
         texts = []
         for i in range(0, len(probs), max(1, cfg.eval_batch_size // n)):
             chunk = probs[i : i + max(1, cfg.eval_batch_size // n)]
             sampling = Sampling.of(cfg, system_prompt, group_size=n)
-            texts += rollout(model, tok, chunk, **sampling.kwargs(), greedy=greedy, engine=engine).texts
+            batch = rollout(model, tok, chunk, **sampling.kwargs(), greedy=greedy, engine=engine)
+            texts += batch.texts
+            if shapes is not None:
+                shapes += completion_shapes(batch, sampling.max_new_tokens, eos_ids(tok, model))
             if bar is not None:
                 bar.update(len(chunk))
         return texts
@@ -55,7 +59,8 @@ def evaluate(
     try:
         with fork_rng(device):
             torch.manual_seed(cfg.seed + 12345)
-            greedy = run(True, 1, problems)
+            shapes: list[tuple[int, bool]] = []
+            greedy = run(True, 1, problems, shapes)
             correct = [bool(r > 0) for r in correctness_rewards(greedy, [p.answer for p in problems])]
             n_right = sum(correct)
             counts = {"right": n_right, "n": len(problems), "k_n": len(subset)}
@@ -82,10 +87,35 @@ def evaluate(
                 out[f"eval_maj@{k}"] = counts["maj"] / len(subset) if subset and "maj" in counts else math.nan
             out["eval_counts"] = counts
             out["eval_correct"] = correct  # per problem, in order: the greedy completion is correct
+            out["eval_greedy"] = greedy_details(greedy, shapes, problems)
     finally:
         if bar is not None:
             bar.close()
     return out
+
+
+def completion_shapes(batch, max_new_tokens: int, eos: set[int]) -> list[tuple[int, bool]]:
+    """(length in tokens, hit the token limit) of each completion of a rollout batch: its tokens up to and including
+    the first EOS (what the loss sees), and whether it ran to `max_new_tokens` without ending (truncated)."""
+    ids, mask = batch.completion_ids, batch.completion_mask
+    lengths = mask.sum(1).tolist()
+    ended = [any(int(t) in eos for t in row[:n].tolist()) for row, n in zip(ids, lengths)]
+    return [(int(n), bool(n >= max_new_tokens and not e)) for n, e in zip(lengths, ended)]
+
+
+def greedy_details(texts: list[str], shapes: list[tuple[int, bool]], problems) -> list[dict]:
+    """Per problem, what its greedy completion was: `extracted` (the final answer the reward read from it,
+    `rewards.extract_answer`; None when it has none, and for code tasks, graded by tests), `tokens` and `hit_limit`
+    (`completion_shapes`). heldout.jsonl keeps them for the evaluations before and after training, so a wrong answer
+    can be told from a missing or truncated one."""
+    return [
+        {
+            "extracted": None if isinstance(p.answer, CodeTests) else extract_answer(t),
+            "tokens": n,
+            "hit_limit": hit,
+        }
+        for t, (n, hit), p in zip(texts, shapes, problems)
+    ]
 
 
 def answers_match_text(text: str, answer: str) -> bool:
@@ -93,10 +123,10 @@ def answers_match_text(text: str, answer: str) -> bool:
     return correctness_reward(text, answer) > 0
 
 
-def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> tuple[dict, list[bool]]:
+def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> tuple[dict, list[dict]]:
     """`evaluate` on the held-out set at `step` -> (its eval event record, printed when `label` is given; each
-    held-out problem's outcome, in held-out order). The caller writes the record to metrics.jsonl and the outcomes to
-    heldout.jsonl."""
+    held-out problem's outcome, in held-out order: {"correct": bool, **greedy_details}). The caller writes the record
+    to metrics.jsonl and the outcomes to heldout.jsonl (`heldout_lines`)."""
     name = label or f"step {step}"
     desc = f"held-out eval ({name})"
     if run.dist.enabled:
@@ -104,10 +134,10 @@ def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> 
     else:
         ev = evaluate(run.model, run.tok, run.heldout, cfg, run.engine, run.system_prompt, desc)
     ev.pop("eval_counts")
-    correct = ev.pop("eval_correct")
+    correct, details = ev.pop("eval_correct"), ev.pop("eval_greedy")
     if label is not None:
         print(f"held-out {label + ':':<7} acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']})")
-    return {"step": step, "event": "eval", **ev}, correct
+    return {"step": step, "event": "eval", **ev}, [{"correct": c, **d} for c, d in zip(correct, details)]
 
 
 def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
@@ -117,11 +147,13 @@ def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
     r, w, k = run.dist.rank, run.dist.world, cfg.eval_k
     mine, subset = run.heldout[r::w], run.heldout[: cfg.eval_k_problems][r::w]
     ev = evaluate(run.model, run.tok, mine, cfg, run.engine, run.system_prompt, desc, k_subset=subset)
-    gathered = run.dist.objects((ev["eval_counts"], ev["eval_correct"]))
-    totals = {key: sum(c[key] for c, _ in gathered) for key in ev["eval_counts"]}
+    gathered = run.dist.objects((ev["eval_counts"], ev["eval_correct"], ev["eval_greedy"]))
+    totals = {key: sum(c[key] for c, _, _ in gathered) for key in ev["eval_counts"]}
     correct: list = [None] * len(run.heldout)
-    for rank, (_, outcomes) in enumerate(gathered):
+    details: list = [None] * len(run.heldout)
+    for rank, (_, outcomes, greedy) in enumerate(gathered):
         correct[rank::w] = outcomes
+        details[rank::w] = greedy
     acc = totals["right"] / totals["n"]
     out = {"eval_acc": acc, "eval_acc_se": math.sqrt(acc * (1 - acc) / totals["n"]), "eval_n": totals["n"]}
     out["eval_samples"] = ev["eval_samples"]  # rank 0's first problems
@@ -130,6 +162,7 @@ def split_eval(cfg: TrainConfig, run, desc: str) -> dict:
         out[f"eval_maj@{k}"] = totals["maj"] / totals["k_n"] if "maj" in totals else math.nan
     out["eval_counts"] = totals
     out["eval_correct"] = correct
+    out["eval_greedy"] = details
     return out
 
 
@@ -147,21 +180,40 @@ def compare_heldout(summary: dict) -> None:
 HELDOUT_FILE = "heldout.jsonl"  # in OUTPUT_DIR
 
 
+DETAIL_FIELDS = ("extracted", "tokens", "hit_limit")  # greedy_details: heldout.jsonl's PHASE_FIELD, before/after
+
+
+def _correct(outcome) -> bool | None:
+    """A problem's outcome as its boolean: {"correct": bool, ...} (heldout_eval), or a bool (a checkpoint written
+    before the details were kept), or None (not evaluated yet)."""
+    return outcome["correct"] if isinstance(outcome, dict) else outcome
+
+
 def heldout_lines(problems: list, outcomes: dict | None) -> list[dict]:
     """heldout.jsonl's records: one per held-out problem, in held-out order: `id` (its index in the held-out list),
     `q` (the question), `answer`, and whether its greedy completion was correct `before` and `after` training and at
-    each intermediate evaluation (`at`: {"STEP": bool}); null (`at`: {}) for an evaluation not run (yet).
-    `outcomes`: {"before": [bool] | None, "after": [bool] | None, "at": {"STEP": [bool]}} (LoopState.heldout)."""
+    each intermediate evaluation (`at`: {"STEP": bool}); null (`at`: {}) for an evaluation not run (yet). Then, for
+    `before` and `after`, the greedy completion's `PHASE_extracted` answer, `PHASE_tokens` and `PHASE_hit_limit`
+    (`greedy_details`; null where unknown: not run yet, or resumed from a checkpoint that predates them).
+    `outcomes`: {"before": [outcome] | None, "after": [outcome] | None, "at": {"STEP": [outcome]}} (LoopState.heldout;
+    an outcome as `heldout_eval` gives it, or a bool)."""
     outcomes = outcomes or {}
     before, after, at = outcomes.get("before"), outcomes.get("after"), outcomes.get("at") or {}
+
+    def details(phase: str, values: list | None, i: int) -> dict:
+        d = values[i] if values is not None and isinstance(values[i], dict) else {}
+        return {f"{phase}_{k}": d.get(k) for k in DETAIL_FIELDS}
+
     return [
         {
             "id": i,
             "q": p.question,
             "answer": str(p.answer),
-            "before": before[i] if before is not None else None,
-            "after": after[i] if after is not None else None,
-            "at": {step: at[step][i] for step in sorted(at, key=int)},
+            "before": _correct(before[i]) if before is not None else None,
+            "after": _correct(after[i]) if after is not None else None,
+            "at": {step: _correct(at[step][i]) for step in sorted(at, key=int)},
+            **details("before", before, i),
+            **details("after", after, i),
         }
         for i, p in enumerate(problems)
     ]

@@ -204,10 +204,20 @@ def read_checkpoint(file: Path) -> dict:
 
 
 def _heldout_ok(h) -> bool:
-    """None, or {"before": [bool] | None, "after": [bool] | None, "at": {"STEP": [bool]}}."""
+    """None, or {"before": [outcome] | None, "after": [outcome] | None, "at": {"STEP": [outcome]}}, an outcome being
+    a bool (checkpoints written before the greedy details were kept) or train.evaluate.heldout_eval's {"correct": bool,
+    "extracted": str | None, "tokens": int, "hit_limit": bool}."""
+
+    def outcome(x) -> bool:
+        if isinstance(x, bool):
+            return True
+        return (isinstance(x, dict) and set(x) == {"correct", "extracted", "tokens", "hit_limit"}
+                and isinstance(x["correct"], bool) and isinstance(x["hit_limit"], bool)
+                and (x["extracted"] is None or isinstance(x["extracted"], str))
+                and isinstance(x["tokens"], int) and not isinstance(x["tokens"], bool))  # fmt: skip
 
     def outcomes(v) -> bool:
-        return v is None or (isinstance(v, list) and all(isinstance(x, bool) for x in v))
+        return v is None or (isinstance(v, list) and all(outcome(x) for x in v))
 
     if h is None:
         return True

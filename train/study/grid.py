@@ -98,6 +98,27 @@ RESEARCH_ARMS: dict[str, Arm] = {
     )
 }  # fmt: skip
 
+# The v2 study's arms (docs/study-v2-preregistration.md; train/study/prereg.py's plans): a method at a learning rate
+# of its own, so arms at several rates share a results folder (the regime must then leave lr to the arms: no --set lr).
+# Named METHOD_lrRATE; the 1.5e-4 ones are the decisive study's grpo, grpo_nokl and grpo_nokl_tr, adopted by seed.
+_NOKL, _TR = "GRPO with beta = 0", "GRPO with beta = 0 + the trust region ||theta - theta_old|| <= 0.1"
+RESEARCH_ARMS |= {
+    a.name: a
+    for a in (
+        *(Arm(f"grpo_lr{lr}", "grpo", "", f"the grpo arm (KL to a reference) at lr {lr}", train={"lr": lr})
+          for lr in ("1e-4", "1.5e-4")),
+        *(Arm(f"grpo_nokl_lr{lr}", "grpo", "beta=0", f"{_NOKL} at lr {lr}", train={"lr": lr})
+          for lr in ("7.5e-5", "1e-4", "1.5e-4", "2.5e-4")),
+        *(Arm(f"grpo_nokl_tr_lr{lr}", "grpo", "beta=0", f"{_TR} at lr {lr}", train={"trust_region": "0.1", "lr": lr})
+          for lr in ("1.5e-4", "2.5e-4")),
+        Arm("grpo_nokl_wu20_lr1.5e-4", "grpo", "beta=0", f"{_NOKL} at lr 1.5e-4 with a 20-step linear warm-up (not 3)",
+            train={"lr": "1.5e-4", "warmup_steps": "20"}),
+        # PPO's ratio clip made active: a second pass over each rollout batch (the first is on-policy: ratio 1)
+        Arm("grpo_nokl_ppo2_lr2.5e-4", "grpo", "beta=0", f"{_NOKL} at lr 2.5e-4, 2 PPO epochs per rollout batch",
+            train={"lr": "2.5e-4", "ppo_epochs": "2"}),
+    )
+}  # fmt: skip
+
 # The trainer overrides of the study's named regimes (applied to every arm; `--set` adds to them). Each value is what
 # `python -m train --FLAG VALUE` takes.
 REGIMES: dict[str, dict[str, str]] = {

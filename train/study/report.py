@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..stability import RULES
 from ..study.curves import plot_curves
+from ..study.decide import evaluate, facts, interim_banner, plan_markdown
 from ..study.figure import plot_forest, plot_study
 from ..study.grid import RESEARCH_ARMS
 from ..study.heldout import (
@@ -22,6 +23,7 @@ from ..study.heldout import (
     heldout_tests,
     write_heldout_csv,
 )
+from ..study.prereg import PLANS
 from ..study.results import finished_runs, load_run, read_manifest, write_json
 
 BASELINE = "grpo"
@@ -232,7 +234,8 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     """Aggregates the finished runs under `study_dir` into study.csv, study.json, study.md (and study.png). When runs
     have heldout.jsonl, also the per-problem tests of heldout.py (baselines, contrasts, collapse counts) (a
     section of study.md, keys of study.json, study_heldout.csv, study_forest.png and study_curves.png); a study
-    without them is reported as before, byte for byte."""
+    without them is reported as before, byte for byte. A pre-registered study (its name in train/study/prereg.py's
+    PLANS) gets its plan's tests and decisions instead of those per-problem tests (train/study/decide.py)."""
     dirs = finished_runs(study_dir)
     runs = [load_run(p) for p in dirs]
     if not runs:
@@ -242,10 +245,13 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     order = order or list(manifest.get("arms", {}))
     aggs = aggregate(runs, order)
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
-    held, tests = heldout_tests(dirs, runs, list(aggs))
+    plan = PLANS.get(regime)  # a pre-registered study (train/study/prereg.py): its own tests replace the ones below
+    held, tests = heldout_tests(dirs, runs, list(aggs)) if plan is None else ({}, {})
     contrasts = heldout_contrasts(held)
     multiplicity = heldout_multiplicity(tests, contrasts)
     collapse = collapse_tests(runs, list(aggs)) if held else {}
+    data = facts(dirs, runs) if plan is not None else {}
+    decided = evaluate(plan, data) if plan is not None else None
     keys = list(dict.fromkeys(k for r in runs for k in r))
     with open(study_dir / "study.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
@@ -263,6 +269,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
             **({"heldout_contrasts": contrasts} if contrasts else {}),
             **({"collapse_tests": {f"vs_{b}": t for b, t in collapse.items()}} if collapse else {}),
             **({"heldout_multiplicity": multiplicity} if len(multiplicity) > 1 else {}),
+            **({"preregistered": decided} if decided is not None else {}),
             "runs": runs,
         },  # fmt: skip
     )
@@ -270,10 +277,13 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     if held:
         text += heldout_markdown(tests, held, len(runs), contrasts, collapse, multiplicity)
         write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts, multiplicity)
+    if decided is not None:
+        title, _, rest = text.partition("\n\n")
+        text = f"{title}\n\n{interim_banner(decided)}{rest}" + plan_markdown(plan, decided, data)
     (study_dir / "study.md").write_text(text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
-        if held:
+        if held or plan is not None:
             if any(tests.values()):
                 plot_forest(tests, regime, study_dir / "study_forest.png", contrasts, multiplicity)
             plot_curves(study_dir, list(aggs), regime, study_dir / "study_curves.png")

@@ -1,6 +1,11 @@
-"""The held-out tests of a study, in pure Python (no scipy): paired t over seeds, McNemar's test over problems pooled
-over seeds, a two-level bootstrap, the design's minimum detectable difference, Fisher's exact test of collapse counts
-and Holm's correction for the number of comparisons. docs/study.md, "Statistics".
+"""The held-out tests of a study: paired t over seeds, McNemar's exact test over problems pooled over seeds, a
+two-level bootstrap, the design's minimum detectable difference, Fisher's exact test of collapse counts and Holm's
+correction for the number of comparisons. docs/study.md, "Statistics".
+
+The distributions and tests are scipy.stats's (`ttest_1samp` of the per-seed differences, `binomtest`, `fisher_exact`,
+`t`, `chi2`). Two procedures stay here because scipy has none: Holm's step-down correction (arithmetic on sorted
+p-values, no distribution; scipy.stats.false_discovery_control is Benjamini-Hochberg) and the two-level bootstrap
+(seeds, then problems within a seed; scipy.stats.bootstrap resamples one level).
 
 The unit of replication is the training run (a seed): the paired t-test over seeds is the primary test of whether a
 method changes held-out accuracy. McNemar's test pools the problems of every seed pair and treats them as independent;
@@ -20,81 +25,46 @@ BOOT_SEED = 0  # fixed: the bootstrap interval is part of the report and must re
 
 
 # --------------------------------------------------------------------------------------------- distributions
+# scipy.stats computes every distribution and test below (imported when first needed: `--help` and the trainer never
+# load scipy). Until the v2 study the module carried its own incomplete beta function (Numerical Recipes) and t
+# quantiles by bisection; the published reports recompute with scipy to the printed digits (study.md byte for byte;
+# study.json and study_heldout.csv differ in the 13th significant digit or later, docs/study.md "Statistics").
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
-    tiny, eps = 1e-300, 1e-15
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), a, b > 0, 0 <= x <= 1."""
-    if not (a > 0 and b > 0 and 0.0 <= x <= 1.0):
-        raise ValueError(f"betainc: expected a, b > 0 and 0 <= x <= 1, got a={a}, b={b}, x={x}")
-    if x in (0.0, 1.0):
-        return x
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):  # the fraction converges fast on this side; the other by symmetry
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+def _sp():
+    try:
+        import scipy.stats
+    except ImportError:  # pragma: no cover - the study extra installs it
+        raise ImportError("the study's statistics need scipy: pip install 'sgrpo-kernels[study]' (or scipy)") from None
+    return scipy.stats
 
 
 def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's T with `df` degrees of freedom: I_{df / (df + t^2)}(df / 2, 1 / 2)."""
+    """P(|T| >= |t|) for Student's T with `df` degrees of freedom (scipy.stats.t)."""
     if math.isnan(t) or not df > 0:
         return math.nan
     if math.isinf(t):
         return 0.0
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
-
-
-def t_cdf(t: float, df: float) -> float:
-    p = t_two_sided_p(t, df)
-    return 1.0 - p / 2.0 if t > 0 else p / 2.0
+    return float(2.0 * _sp().t.sf(abs(t), df))
 
 
 def t_ppf(q: float, df: float) -> float:
-    """The q quantile of Student's T (bisection on t_cdf, to ~1e-12)."""
+    """The q quantile of Student's T (scipy.stats.t)."""
     if not 0.0 < q < 1.0 or not df > 0:
         raise ValueError(f"t_ppf: expected 0 < q < 1 and df > 0, got q={q}, df={df}")
-    if q < 0.5:
-        return -t_ppf(1.0 - q, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < q:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < q else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    return float(_sp().t.ppf(q, df))
 
 
 def binom_two_sided_p(k: int, n: int) -> float:
-    """Exact two-sided binomial test of k successes in n trials at p = 1/2: 2 P(X <= min(k, n - k)), at most 1."""
+    """Exact two-sided binomial test of k successes in n trials at p = 1/2 (scipy.stats.binomtest)."""
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1))
-    return min(1.0, 2 * tail / 2**n)
+    return float(_sp().binomtest(k, n, 0.5).pvalue)
 
 
 def chi2_1_sf(x: float) -> float:
-    """P(X >= x) for a chi-square with 1 degree of freedom."""
-    return math.erfc(math.sqrt(x / 2.0)) if x > 0 else 1.0
+    """P(X >= x) for a chi-square with 1 degree of freedom (scipy.stats.chi2)."""
+    return float(_sp().chi2.sf(x, 1)) if x > 0 else 1.0
 
 
 # --------------------------------------------------------------------------------------------- tests
@@ -112,13 +82,14 @@ def paired_t(diffs: list[float], alpha: float = ALPHA, power: float = POWER) -> 
         return out
     sd = statistics.stdev(diffs)
     se = sd / math.sqrt(n)
-    half = t_ppf(1.0 - alpha / 2.0, n - 1) * se
     if se > 0:
-        t = mean / se
-        p = t_two_sided_p(t, n - 1)
+        res = _sp().ttest_1samp(diffs, 0.0)
+        t, p = float(res.statistic), float(res.pvalue)
+        ci = [float(x) for x in res.confidence_interval(1.0 - alpha)]
     else:
         t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
-    out.update(sd=sd, se=se, t=t, p=p, ci=[mean - half, mean + half], mdd=mdd_paired(sd, n, alpha, power))
+        ci = [mean, mean]
+    out.update(sd=sd, se=se, t=t, p=p, ci=ci, mdd=mdd_paired(sd, n, alpha, power))
     return out
 
 
@@ -140,16 +111,11 @@ def mcnemar(b: int, c: int) -> dict:
 
 
 def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> float:
-    """Two-sided Fisher exact test of k1 events in n1 runs against k2 in n2: the probability, under the
-    hypergeometric law with the margins fixed, of every table no more likely than the observed one (with scipy's
-    relative tolerance 1e-7 for ties)."""
+    """Two-sided Fisher exact test of k1 events in n1 runs against k2 in n2 (scipy.stats.fisher_exact of the 2 x 2
+    table [[k1, n1 - k1], [k2, n2 - k2]])."""
     if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
         raise ValueError(f"fisher_exact: expected 0 <= k <= n, got {k1}/{n1} and {k2}/{n2}")
-    k, n = k1 + k2, n1 + n2
-    total = math.comb(n, k)
-    probs = {x: math.comb(n1, x) * math.comb(n2, k - x) / total for x in range(max(0, k - n2), min(k, n1) + 1)}
-    observed = probs[k1] * (1.0 + 1e-7)
-    return min(1.0, math.fsum(q for q in probs.values() if q <= observed))
+    return float(_sp().fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue)
 
 
 def holm(ps: list[float]) -> list[float]:

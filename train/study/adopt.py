@@ -1,0 +1,88 @@
+"""python -m train.study.adopt: copy a published study's finished runs into another study under another arm name, after
+checking that they are what that arm would run there (the same trainer configuration, field by field, but for where
+and how the run was launched). A pre-registered study pairs new arms with published runs by seed this way
+(docs/study-v2-preregistration.md): e.g. the decisive study's `grpo_nokl_tr` runs, made with `--set lr=1.5e-4`, are
+the v2 study's `grpo_nokl_tr_lr1.5e-4` (an arm that sets its lr itself). The files are copied unchanged (git stores
+the same blobs once); the manifest entry is the source's, plus `adopted_from`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from ..run.metrics import dumps
+from ..study.grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
+from ..study.results import copy_run_files, is_finished, read_manifest, write_manifest
+
+# How and where a run was launched, not what it computed: not compared
+LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")
+
+
+def config_differences(run_dir: Path, spec: RunSpec) -> list[str]:
+    """The trainer fields whose value in the run's config.json differs from what `spec` would run (LAUNCH_FIELDS
+    left out), as "field: run's value != spec's value"."""
+    have = json.loads((run_dir / "config.json").read_text())["train"]
+    want = json.loads(dumps(dataclasses.asdict(spec.config())))
+    keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS))
+    return [
+        f"{k}: {have.get(k, '(absent)')!r} != {want.get(k, '(absent)')!r}" for k in keys if have.get(k) != want.get(k)
+    ]
+
+
+def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], overrides: dict[str, str]) -> list[str]:
+    """Copies runs src/runs/SRC_ARM/seedK to dst/runs/DST_ARM/seedK for each seed and records them in dst's manifest
+    (created with `overrides` when missing; an existing one must have the same overrides). Every run is checked before
+    any is copied; a run that is unfinished, or whose configuration differs from what DST_ARM runs under `overrides`,
+    is a ValueError naming it. Returns the keys adopted."""
+    arm = {**ARMS, **RESEARCH_ARMS}.get(dst_arm)
+    if arm is None:
+        raise ValueError(f"--as {dst_arm!r}: not an arm of train/study/grid.py")
+    manifest = read_manifest(dst) or {"regime": dst.name, "overrides": overrides, "arms": {}, "runs": {}}
+    if manifest.get("overrides") != overrides:
+        raise ValueError(f"{dst}: its overrides are {manifest.get('overrides')}, these are {overrides}")
+    source = (read_manifest(src) or {}).get("runs", {})
+    for seed in seeds:
+        run = src / "runs" / src_arm / f"seed{seed}"
+        if not is_finished(run):
+            raise ValueError(f"{run}: not a finished run")
+        spec = RunSpec(arm, seed, dict(overrides), Path("work"), dst / "runs" / dst_arm / f"seed{seed}")
+        if diff := config_differences(run, spec):
+            raise ValueError(f"{run} is not what {dst_arm} runs under {overrides}: " + "; ".join(diff))
+    keys = []
+    for seed in seeds:
+        key = f"{dst_arm}/seed{seed}"
+        copy_run_files(src / "runs" / src_arm / f"seed{seed}", dst / "runs" / dst_arm / f"seed{seed}")
+        entry = source.get(f"{src_arm}/seed{seed}", {})
+        manifest["runs"][key] = {**entry, "arm": dst_arm, "adopted_from": f"{src.name}/{src_arm}/seed{seed}"}
+        keys.append(key)
+    manifest["arms"][dst_arm] = arm.as_dict()
+    write_manifest(dst, manifest)
+    return keys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.study.adopt", description=__doc__.split("\n\n")[0])
+    p.add_argument("--from", dest="src", type=Path, required=True, help="the published study's results folder")
+    p.add_argument("--arm", required=True, help="the arm's name there")
+    p.add_argument("--to", dest="dst", type=Path, required=True, help="the study's results folder to copy into")
+    p.add_argument("--as", dest="dst_arm", required=True, help="the arm's name in that study (train/study/grid.py)")
+    p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
+    p.add_argument("--regime", default="decisive", choices=sorted(REGIMES), help="the destination's regime")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="its extra trainer overrides")
+    args = p.parse_args(argv)
+    try:
+        seeds = sorted({int(s) for s in args.seeds.split(",") if s.strip()})
+        overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
+        keys = adopt(args.src, args.arm, args.dst, args.dst_arm, seeds, overrides)
+    except ValueError as exc:
+        print(f"python -m train.study.adopt: {exc}", file=sys.stderr)
+        return 2
+    print(f"adopted {len(keys)} run(s) into {args.dst}: {', '.join(keys)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

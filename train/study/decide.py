@@ -1,0 +1,298 @@
+"""A pre-registered plan (train/study/prereg.py) evaluated on a study's run files: each contrast's paired t over seeds
+(95% and 90% intervals), the Fisher tests of persistent collapse, Holm's correction over the plan's family, and for
+each hypothesis the rule that fired. Every reading from fewer seeds than planned is marked interim, and so is every
+decision that rests on one (a Holm-adjusted p rests on the whole family). docs/study-v2-preregistration.md."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..stability import CollapseRules
+from ..study import stats
+from ..study.collapse import classify
+from ..study.prereg import ALPHA, MARGIN, Plan
+from ..study.results import read_heldout, read_records, read_summary
+
+
+def run_facts(run_dir: Path) -> dict:
+    """What a plan's rules read of one run: held-out accuracy after, persistent / transient collapse
+    (train/study/collapse.py, under the run's own collapse thresholds) and whether PPO's ratio clip ever fired."""
+    cfg = json.loads((run_dir / "config.json").read_text())["train"]
+    records, summary = read_records(run_dir), read_summary(run_dir)
+    c = classify(records, summary, CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"]))
+    clip = [r.get("clip_frac") for r in records if "event" not in r]
+    return {"after": summary["after"]["eval_acc"], "persistent": c["persistent"], "transient": c["transient"],
+            "clip_active": any(x is not None and x > 0 for x in clip), **_greedy_rates(run_dir)}  # fmt: skip
+
+
+def _greedy_rates(run_dir: Path) -> dict:
+    """From heldout.jsonl's greedy details (train/evaluate.py), before and after: the fraction of held-out
+    completions that hit the token limit and the fraction with no extracted answer (None when the run has no
+    details)."""
+    lines = list((read_heldout(run_dir) or {}).values())
+    out = {}
+    for phase in ("before", "after"):
+        hit = [x.get(f"{phase}_hit_limit") for x in lines]
+        if not lines or any(h is None for h in hit):
+            out |= {f"hit_limit_{phase}": None, f"no_answer_{phase}": None}
+            continue
+        out[f"hit_limit_{phase}"] = sum(hit) / len(lines)
+        out[f"no_answer_{phase}"] = sum(x.get(f"{phase}_extracted") is None for x in lines) / len(lines)
+    return out
+
+
+def facts(dirs: list[Path], runs: list[dict]) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: run_facts}} of the study's finished runs."""
+    out: dict[str, dict[int, dict]] = {}
+    for path, run in zip(dirs, runs):
+        out.setdefault(run["arm"], {})[run["seed"]] = run_facts(path)
+    return out
+
+
+def _contrast(c, data: dict) -> dict:
+    arms = [a for a, w in c.weights if w]
+    seeds = [s for s in c.seeds if all(s in data.get(a, {}) for a in arms)]
+    values = [math.fsum(w * data[a][s]["after"] for a, w in c.weights if w) for s in seeds]
+    t = stats.paired_t(values) if values else stats.paired_t([])
+    ci90 = stats.paired_t(values, alpha=0.10)["ci"] if len(values) > 1 else [math.nan, math.nan]
+    return {"key": c.key, "what": c.what, "seeds": seeds, "planned": len(c.seeds), "interim": len(seeds) < len(c.seeds),
+            "mean": t["mean"], "sd": t["sd"], "p": t["p"], "ci95": t["ci"], "ci90": ci90, "mdd": t["mdd"],
+            "per_seed": values}  # fmt: skip
+
+
+def _planned_runs(plan: Plan, data: dict, arm: str, fired: dict, seeds: tuple | None = None) -> tuple[list, bool]:
+    """(the facts of the arm's finished runs among its planned seeds (or `seeds`), whether one of them is missing)."""
+    planned = plan.planned(arm, fired) if seeds is None else seeds
+    runs = [data.get(arm, {})[s] for s in planned if s in data.get(arm, {})]
+    return runs, len(runs) < len(planned)
+
+
+def _persistent(plan: Plan, data: dict, arm: str, fired: dict) -> tuple[int, int, int, bool]:
+    """(persistent, transient, runs, interim) of an arm over its planned seeds."""
+    runs, interim = _planned_runs(plan, data, arm, fired)
+    return sum(r["persistent"] for r in runs), sum(r["transient"] for r in runs), len(runs), interim
+
+
+def _arm_counts(plan: Plan, data: dict, arm: str, fired: dict) -> dict:
+    k, t, n, interim = _persistent(plan, data, arm, fired)
+    return {"persistent": k, "transient": t, "runs": n, "planned": len(plan.planned(arm, fired)), "interim": interim}
+
+
+def _fisher(plan: Plan, f, data: dict, fired: dict) -> dict:
+    ka, _, na, ia = _persistent(plan, data, f.arm, fired)
+    kb, _, nb, ib = _persistent(plan, data, f.baseline, fired)
+    p = stats.fisher_exact(ka, na, kb, nb) if na and nb else math.nan
+    return {"key": f.key, "what": f.what, "events": (ka, na), "base_events": (kb, nb), "p": p, "interim": ia or ib}
+
+
+def _in_family(item, fired: dict) -> bool:
+    return getattr(item, "family", True) and (item.requires is None or fired.get(item.requires[0]) == item.requires[1])
+
+
+def _condition(cond: tuple, ctx: dict) -> tuple[bool | None, bool, str]:
+    """(holds: True / False / None when it cannot be decided yet, rests on interim data, text)."""
+    kind, target = cond[0], cond[1]
+    if kind in ("persistent_at_most", "persistent_at_least", "clip_active"):
+        seeds = cond[3] if len(cond) > 3 else None  # (a screen's conditions: over the screen's seeds)
+        runs, interim = _planned_runs(ctx["plan"], ctx["data"], target, ctx["fired"], seeds)
+        k, n = sum(r["persistent"] for r in runs), len(runs)
+        if n == 0:
+            return None, True, f"{kind}({target}): no run"
+        if kind == "clip_active":
+            on = sum(r["clip_active"] for r in runs)
+            return on == n, interim, f"ratio clip fired in {on} of {n} runs of {target}"
+        holds = k <= cond[2] if kind == "persistent_at_most" else k >= cond[2]
+        sign = "<=" if kind == "persistent_at_most" else ">="
+        return holds, interim, f"persistent collapses of {target}: {k} of {n} ({sign} {cond[2]})"
+    c = ctx["contrasts"][target]
+    if len(c["seeds"]) < 2:
+        return None, True, f"{target}: {len(c['seeds'])} seed(s), no test"
+    if kind == "equivalent":
+        lo, hi = c["ci90"]
+        return (
+            -MARGIN < lo and hi < MARGIN,
+            c["interim"],
+            f"{target} 90% CI [{lo:+.3f}, {hi:+.3f}] inside +-{MARGIN:.2f}",
+        )
+    if kind == "mean_at_least":
+        return c["mean"] >= cond[2], c["interim"], f"{target} mean {c['mean']:+.3f} >= {cond[2]:+.2f}"
+    p = ctx["holm"].get(target, math.nan)
+    if not math.isfinite(p):
+        return None, True, f"{target}: not in the family (yet)"
+    up = kind == "higher"
+    holds = (c["mean"] > 0 if up else c["mean"] < 0) and p < ALPHA
+    text = f"{target} mean {c['mean']:+.3f} {'>' if up else '<'} 0 and Holm p {_p(p)} < {ALPHA}"
+    return holds, ctx["family_interim"], text
+
+
+def _decide(h, ctx: dict) -> dict:
+    """The hypothesis's decision: the first rule whose conditions all hold (None: no rule fired), whether it rests
+    on interim data, and each rule's conditions as read."""
+    if h.requires is not None and ctx["fired"].get(h.requires[0]) != h.requires[1]:
+        waiting = ctx["interim_of"].get(h.requires[0], True)  # the rule it needs may still fire
+        return {"key": h.key, "decision": None, "not_run": True, "interim": waiting, "rules": []}
+    rules, decision, interim = [], None, False
+    for rule in h.rules:
+        read = [_condition(c, ctx) for c in rule.when]
+        holds = all(r[0] for r in read)
+        rules.append({"decision": rule.decision, "fires": bool(holds) and decision is None,
+                      "conditions": [{"holds": r[0], "interim": r[1], "text": r[2]} for r in read]})  # fmt: skip
+        interim |= any(r[1] for r in read)
+        if holds and decision is None:
+            decision = rule.decision
+    return {"key": h.key, "decision": decision, "not_run": False, "interim": interim, "rules": rules}
+
+
+def _decide_all(plan: Plan, ctx: dict) -> list[dict]:
+    """Every hypothesis decided in the plan's order (a confirmation after the screen it requires), into ctx."""
+    out = []
+    for h in plan.hypotheses:
+        d = _decide(h, ctx)
+        ctx["fired"][h.key], ctx["interim_of"][h.key] = d["decision"], d["interim"]
+        out.append(d)
+    return out
+
+
+def evaluate(plan: Plan, data: dict[str, dict[int, dict]]) -> dict:
+    """The plan on the facts of a study's runs (`facts`): contrasts, Fisher tests, the Holm family and each
+    hypothesis's decision. Two passes: the screens (no Holm condition) decide which tests enter the family."""
+    contrasts = {c.key: _contrast(c, data) for c in plan.contrasts}
+    ctx = {"plan": plan, "data": data, "contrasts": contrasts, "holm": {}, "family_interim": True, "fired": {},
+           "interim_of": {}}  # fmt: skip
+    _decide_all(plan, ctx)
+    fishers = {f.key: _fisher(plan, f, data, ctx["fired"]) for f in plan.fishers}
+    family = [(c.key, contrasts[c.key]["p"], contrasts[c.key]["interim"]) for c in plan.contrasts
+              if _in_family(c, ctx["fired"])]  # fmt: skip
+    family += [(f.key, fishers[f.key]["p"], fishers[f.key]["interim"]) for f in plan.fishers
+               if _in_family(f, ctx["fired"])]  # fmt: skip
+    tested = [(k, p, i) for k, p, i in family if math.isfinite(p)]
+    ctx["holm"] = dict(zip([k for k, _, _ in tested], stats.holm([p for _, p, _ in tested])))
+    ctx["family_interim"] = any(i for _, _, i in family) or len(tested) < len(family)
+    decisions = _decide_all(plan, ctx)
+    return {"plan": plan.name, "contrasts": contrasts, "fishers": fishers, "holm": ctx["holm"],
+            "family": [k for k, _, _ in family], "family_interim": ctx["family_interim"],
+            "arms": {a: _arm_counts(plan, data, a, ctx["fired"]) for a in plan.arms},
+            "hypotheses": decisions}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ study.md section
+
+
+def _f(x: float, fmt: str = "+.3f") -> str:
+    return f"{x:{fmt}}" if isinstance(x, int | float) and math.isfinite(x) else "n/a"
+
+
+def _p(p: float) -> str:
+    return "n/a" if not math.isfinite(p) else "<0.0001" if p < 0.0001 else f"{p:.4f}"
+
+
+def _ci(ci: list[float]) -> str:
+    return f"[{_f(ci[0])}, {_f(ci[1])}]" if all(math.isfinite(v) for v in ci) else "n/a"
+
+
+def _mean_se(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    t = stats.paired_t(values)
+    return f"{t['mean']:.3f}" + (f" +- {t['se']:.3f}" if math.isfinite(t["se"]) else "")
+
+
+def _rate(runs: list[dict], key: str) -> str:
+    """The mean of a greedy-detail rate over the runs ("n/a" when some run has no details)."""
+    v = [r[key] for r in runs if r.get(key) is not None]
+    return f"{sum(v) / len(v):.2f}" if v and len(v) == len(runs) else "n/a"
+
+
+def _arm_table(plan: Plan, result: dict, data: dict) -> list[str]:
+    lines = ["| arm | runs / planned | persistent collapse | transient collapse | held-out after (mean +- SE) | "
+             "hit limit before -> after | no answer before -> after |", "|" + "---|" * 7]  # fmt: skip
+    for arm, a in result["arms"].items():
+        runs = list(data.get(arm, {}).values())
+        mark = " (interim)" if a["interim"] else ""
+        hit = f"{_rate(runs, 'hit_limit_before')} -> {_rate(runs, 'hit_limit_after')}"
+        none = f"{_rate(runs, 'no_answer_before')} -> {_rate(runs, 'no_answer_after')}"
+        lines.append(f"| {arm} | {a['runs']} / {a['planned']}{mark} | {a['persistent']} | {a['transient']} | "
+                     f"{_mean_se([r['after'] for r in runs])} | {hit} | {none} |")  # fmt: skip
+    return lines
+
+
+def _tests_tables(result: dict) -> list[str]:
+    holm = result["holm"]
+    lines = ["### Contrasts (held-out accuracy after training, paired by seed)", "",
+             "| key | contrast | seeds / planned | mean | 95% CI (t) | 90% CI (t) | p (t) | p (Holm) | MDD (t) |",
+             "|" + "---|" * 9]  # fmt: skip
+    for c in result["contrasts"].values():
+        seeds = f"{len(c['seeds'])} / {c['planned']}" + (" (interim)" if c["interim"] else "")
+        p_holm = _p(holm.get(c["key"], math.nan))
+        lines.append(f"| {c['key']} | {c['what']} | {seeds} | {_f(c['mean'])} | {_ci(c['ci95'])} | {_ci(c['ci90'])} "
+                     f"| {_p(c['p'])} | {p_holm} | {_f(c['mdd'], '.3f')} |")  # fmt: skip
+    lines += ["", "### Persistent collapse: Fisher's exact test", "",
+              "| key | what | arm | baseline | p | p (Holm) |", "|" + "---|" * 6]  # fmt: skip
+    for f in result["fishers"].values():
+        mark = " (interim)" if f["interim"] else ""
+        lines.append(
+            f"| {f['key']} | {f['what']} | {f['events'][0]}/{f['events'][1]} | {f['base_events'][0]}/"
+            f"{f['base_events'][1]}{mark} | {_p(f['p'])} | {_p(holm.get(f['key'], math.nan))} |"
+        )
+    return lines
+
+
+def _decision_lines(plan: Plan, result: dict) -> list[str]:
+    statements = {h.key: h.statement for h in plan.hypotheses}
+    lines = []
+    for d in result["hypotheses"]:
+        head = f"- **{d['key']}** {statements[d['key']]}"
+        if d["not_run"]:
+            lines.append(f"{head} Not decided: it needs its screen's rule to fire"
+                         + (" (the screen is interim)." if d["interim"] else ", which did not."))  # fmt: skip
+            continue
+        if d["interim"]:
+            now = d["decision"] or "no rule"
+            lines.append(f"{head} **INTERIM, not a decision**: on the runs so far, {now} would fire.")
+        else:
+            verdict = f"rule fired: {d['decision']}" if d["decision"] else "inconclusive: no rule fired"
+            lines.append(f"{head} **Decision: {verdict}.**")
+        for i, r in enumerate(d["rules"], 1):
+            conds = "; ".join(f"{c['text']}: {'yes' if c['holds'] else 'no' if c['holds'] is False else 'undecided'}"
+                              + (" (interim)" if c["interim"] else "") for c in r["conditions"])  # fmt: skip
+            lines.append(f"  - rule {i} ({r['decision']}): {conds}" + (" -> fires" if r["fires"] else ""))
+    return lines
+
+
+def interim_banner(result: dict) -> str:
+    """The line study.md of a pre-registered study opens with while some planned run is missing ("" after)."""
+    done = sum(a["runs"] for a in result["arms"].values())
+    planned = sum(a["planned"] for a in result["arms"].values())
+    if done >= planned:
+        return ""
+    return (f"**INTERIM: {done} of {planned} planned runs finished** (plan `{result['plan']}`): every table below "
+            "reads fewer seeds than planned; no pre-registered decision is final.\n\n")  # fmt: skip
+
+
+def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
+    """study.md's section of a pre-registered study: runs and collapse per arm, the contrasts and Fisher tests with
+    their Holm-adjusted p, and for each hypothesis the rule that fired (or INTERIM / inconclusive)."""
+    done = sum(a["runs"] for a in result["arms"].values())
+    planned = sum(a["planned"] for a in result["arms"].values())
+    lines = ["", f"## Pre-registered analysis (plan `{plan.name}`, train/study/prereg.py; "
+             "docs/study-v2-preregistration.md)", ""]  # fmt: skip
+    if done < planned:
+        lines += [
+            f"**INTERIM: {done} of {planned} planned runs finished.** A reading marked interim rests on fewer "
+            "seeds than planned; no decision below is final until every run it needs has finished.",
+            "",
+        ]
+    lines += [
+        f"Primary endpoint: held-out accuracy after training. Paired t over seeds (two-sided, alpha {ALPHA}); "
+        f"Holm's correction over the family ({', '.join(result['family'])}); equivalence: the 90% CI inside "
+        f"+-{MARGIN:.2f}. Collapse is persistent when a collapse rule holds in the last 10 steps or held-out "
+        "accuracy after is at most before (train/study/collapse.py); transient otherwise. Adopted runs: "
+        + (", ".join(f"{a} from {src}" for a, src in plan.adopted.items()) or "none")
+        + ".",
+        "",
+    ]
+    lines += _arm_table(plan, result, data) + [""] + _tests_tables(result) + ["", "### Decisions", ""]
+    lines += _decision_lines(plan, result)
+    return "\n".join(lines) + "\n"
