@@ -112,7 +112,9 @@ def test_trackio_gets_the_same_names(tmp_path, monkeypatch):
     path.parent.mkdir()
     with MetricsLog(path, None, "trackio", {"lr": 0.1}) as log:
         log.write({"step": 1, "reward_mean": 0.5, "zero_var_frac": 0.25, "sample": "text", "kl_from_init": None})
-    assert calls[0] == ("init", {"project": "sgrpo", "name": "run", "config": {"lr": 0.1}, "resume": "allow"})
+    name = calls[0][1].pop("name")  # the folder's name and a tag of the run (issue 39: no two runs share a name)
+    assert name.startswith("run-") and len(name) == len("run-") + 8, name
+    assert calls[0] == ("init", {"project": "sgrpo", "config": {"lr": 0.1}, "resume": "allow"})
     assert calls[1] == ("log", {"train/reward": 0.5, "train/frac_reward_zero_std": 0.25}, 1)
     assert calls[2] == ("finish",)
 
@@ -149,7 +151,8 @@ def test_trackio_for_real_stores_trls_names(tmp_path):
             log.write({"step": 1, "reward_mean": 0.5, "zero_var_frac": 0.25, "sample": "text"})
             log.write({"step": 2, "reward_mean": 0.75, "zero_var_frac": 0.0})
         from trackio.sqlite_storage import SQLiteStorage
-        logs = SQLiteStorage.get_logs(project="sgrpo", run="myrun")
+        from train.run.dashboards import trackio_name
+        logs = SQLiteStorage.get_logs(project="sgrpo", run=trackio_name(run))  # myrun-<a hash of its path>
         print(json.dumps([{k: v for k, v in r.items() if k.startswith("train/") or k == "step"} for r in logs]))
         """
     )

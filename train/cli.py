@@ -252,6 +252,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     argv = _normalize(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
+    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last silently
+        parser.error("argument --config: given more than once; give one file (flags typed after it override it)")
     explicit = _explicit_flags(argv)
     typed = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in explicit}
     file = _config_file(parser, args.config, typed)

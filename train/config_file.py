@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
+import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -36,21 +38,151 @@ class ConfigFile:
     run_preset: str | None = None
 
 
+# What a config file may be: a small, flat mapping. A file past these limits is refused (one line naming the file, the
+# place and the limit) before anything is built from it: a YAML alias bomb or a 5000-digit number never expands.
+MAX_BYTES = 1 << 20  # the file
+MAX_DEPTH = 4  # nesting of mappings and lists (a run's config.json: 3)
+MAX_ALIASES = 32  # YAML `*alias` uses, each of a scalar only (an alias of a list or mapping is refused)
+MAX_NUMBER_CHARS = 64  # the text of one number
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most MAX_BYTES (a FIFO or device is refused, never waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigFileError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ConfigFileError(f"--config {path}: not a regular file; expected a YAML or JSON file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ConfigFileError(f"--config {path}: larger than {MAX_BYTES} bytes; a config file is a short mapping")
+    return data
+
+
+def _decode(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigFileError(f"--config {path}: line {line}: not UTF-8 text ({exc.reason}); expected a UTF-8 YAML "
+                              "or JSON file") from None  # fmt: skip
+
+
+def _parse_json(path: Path, text: str) -> object:
+    def pairs(items):
+        out = {}
+        for key, value in items:
+            if key in out:
+                raise ConfigFileError(f"--config {path}: key {key!r} given twice; give each key once")
+            out[key] = value
+        return out
+
+    def number(kind):
+        def parse(t: str):
+            if len(t) > MAX_NUMBER_CHARS:
+                raise ConfigFileError(f"--config {path}: a number of {len(t)} characters ({t[:12]}...); numbers of "
+                                      f"at most {MAX_NUMBER_CHARS} characters are accepted")  # fmt: skip
+            return kind(t)
+
+        return parse
+
+    def constant(name: str):
+        raise ConfigFileError(f"--config {path}: {name} refused; expected finite numbers (strict JSON)")
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs, parse_int=number(int), parse_float=number(float),
+                          parse_constant=constant)  # fmt: skip
+    except json.JSONDecodeError as exc:
+        raise ConfigFileError(f"--config {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise ConfigFileError(f"--config {path}: nested deeper than {MAX_DEPTH} levels; expected a mapping of "
+                              "fields") from None  # fmt: skip
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigFileError(f"--config {path}: nested deeper than {MAX_DEPTH} levels; expected a mapping of fields")
+    return data
+
+
+def _depth(obj, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(obj, dict):
+        return max((_depth(v, level + 1) for v in obj.values()), default=level + 1)
+    if isinstance(obj, list):
+        return max((_depth(v, level + 1) for v in obj), default=level + 1)
+    return level
+
+
+def _limited_loader(path: Path):
+    """PyYAML's SafeLoader, composing within the limits: nesting, aliases (of scalars only), number length and
+    duplicate keys are checked on the node graph, before any value is built."""
+    import yaml
+
+    def refuse(mark, what: str) -> ConfigFileError:
+        return ConfigFileError(f"--config {path}: line {mark.line + 1}: {what}")
+
+    numbers = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+    class Limited(yaml.SafeLoader):
+        depth, aliases = 0, 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                self.aliases += 1
+                node = self.anchors.get(event.anchor)
+                if node is not None and not isinstance(node, yaml.ScalarNode):
+                    kind = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+                    raise refuse(event.start_mark, f"alias *{event.anchor} stands for a {kind}; aliases of single "
+                                 "values only are accepted")  # fmt: skip
+                if self.aliases > MAX_ALIASES:
+                    raise refuse(event.start_mark, f"more than {MAX_ALIASES} aliases (*name); write the values out")
+                return super().compose_node(parent, index)
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH + 1:
+                    raise refuse(self.peek_event().start_mark, f"nested deeper than {MAX_DEPTH} levels; expected a "
+                                 "mapping of fields")  # fmt: skip
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def compose_scalar_node(self, anchor):
+            node = super().compose_scalar_node(anchor)
+            if node.tag in numbers and len(node.value) > MAX_NUMBER_CHARS:
+                raise refuse(node.start_mark, f"a number of {len(node.value)} characters ({node.value[:12]}...); "
+                             f"numbers of at most {MAX_NUMBER_CHARS} characters are accepted")  # fmt: skip
+            return node
+
+        def compose_mapping_node(self, anchor):
+            node = super().compose_mapping_node(anchor)
+            seen = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in seen:
+                        raise refuse(key.start_mark, f"key {key.value[:80]!r} given twice; give each key once")
+                    seen.add(key.value)
+            return node
+
+    return Limited
+
+
 def _parse_text(path: Path) -> object:
-    text = path.read_text()
+    """The file's content (YAML, or JSON for a .json file), parsed within the limits above; ConfigFileError else."""
+    text = _decode(path, _read_bytes(path))
     if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigFileError(f"--config {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+        return _parse_json(path, text)
     try:
         import yaml
     except ImportError:  # pragma: no cover -- pyyaml is in the [train] extra
         raise ConfigFileError(f"--config {path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return yaml.load(text, Loader=_limited_loader(path))  # noqa: S506 -- a SafeLoader, with limits
+    except ConfigFileError:
+        raise
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ConfigFileError(f"--config {path}: not valid YAML ({first})") from None
 
 
@@ -60,6 +192,8 @@ def _field_value(name: str, value, where: str):
     from .cli import parse_flag_text  # the flags' own parser (cli imports this module lazily too)
 
     spec = field_specs(TrainConfig)[name]
+    if not isinstance(value, str | int | float | bool | None):  # a list, a mapping, a date: never a field's value
+        raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}")
     try:
         if isinstance(value, str) and spec.kind is not str:
             return parse_flag_text(name, value)
@@ -68,8 +202,33 @@ def _field_value(name: str, value, where: str):
         check_field(name, value, TrainConfig)
     except (ConfigError, ValueError) as exc:
         detail = exc.detail if isinstance(exc, ConfigError) else str(exc)
-        raise ConfigFileError(f"{where}: key {name!r}: {value!r} refused: {detail}") from None
+        raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: {detail}") from None
     return value
+
+
+def _show(value) -> str:
+    """A value as a refusal shows it: short (a refusal never writes a long or nested value out)."""
+    if isinstance(value, dict | list):
+        return f"a {'mapping' if isinstance(value, dict) else 'list'} of {len(value)} item(s)"
+    if not isinstance(value, str | int | float | bool | None):
+        return f"a {type(value).__name__}"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _loss_value(key: str, value, where: str):
+    """A `loss.FIELD` value: text is read as the --loss.FIELD flag reads it (YAML reads `1e-3` as text)."""
+    if key == "name":
+        raise ConfigFileError(f"{where}: key 'loss.name' refused: the loss's name is the preset's label, not a "
+                              "setting; choose the preset with `preset:` (and `loss:`)")  # fmt: skip
+    if not isinstance(value, str):
+        return value
+    from sgrpo_kernels.rl.algorithm import parse_value  # (the flag's parser; torch-free)
+
+    try:
+        return parse_value(value)
+    except ValueError as exc:
+        raise ConfigFileError(f"{where}: key 'loss.{key}': {_show(value)} refused: {exc}") from None
 
 
 def _unknown(key: str, where: str) -> ConfigFileError:
@@ -118,13 +277,13 @@ def read_config_file(path: str | Path) -> ConfigFile:
     names = {f.name for f in fields(TrainConfig)}
     for key, value in items.items():
         if not isinstance(key, str):
-            raise _unknown(str(key), where)
+            raise _unknown(_show(key), where)
         name = {"data": "data_path"}.get(key.replace("-", "_"), key.replace("-", "_"))  # --data
         if name.startswith("loss."):
-            out.loss_overrides[name[len("loss.") :]] = value
+            out.loss_overrides[name[len("loss.") :]] = _loss_value(name[len("loss.") :], value, where)
         elif name == "run_preset":
-            if value not in RUN_PRESETS:
-                raise ConfigFileError(f"{where}: key 'run_preset': {value!r} refused: expected one of "
+            if not isinstance(value, str) or value not in RUN_PRESETS:
+                raise ConfigFileError(f"{where}: key 'run_preset': {_show(value)} refused: expected one of "
                                       f"{', '.join(sorted(RUN_PRESETS))}")  # fmt: skip
             out.run_preset = value
         elif name in names:

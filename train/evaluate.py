@@ -7,7 +7,6 @@ NaN (null in metrics.jsonl)."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from .config import TrainConfig
 from .engines.hf import eos_ids
 from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards, extract_answer
 from .rollout import Sampling, majority, rollout
+from .run.files import write_text_atomic
 from .run.metrics import dumps
 from .run.progress import progress_bar
 from .run.rng import fork_rng
@@ -221,6 +221,4 @@ def heldout_lines(problems: list, outcomes: dict | None) -> list[dict]:
 
 def write_heldout(path: Path, problems: list, outcomes: dict | None) -> None:
     """OUTPUT_DIR/heldout.jsonl (`heldout_lines`), atomically: a temporary file renamed over it."""
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text("".join(dumps(line) + "\n" for line in heldout_lines(problems, outcomes)))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(dumps(line) + "\n" for line in heldout_lines(problems, outcomes)))

@@ -5,7 +5,9 @@ uses:
 - OUTPUT_DIR/model/ (`export_model`), written at the end of a finished run (`--save-model`, on by default); the
   checkpoint for --resume stays OUTPUT_DIR/checkpoint/state.pt (train/run/checkpoint.py). Not written at --save-every
   checkpoints: for SmolLM2-135M that would be another 540 MB per checkpoint, and the checkpoint already holds the
-  weights. Written to model.tmp/ and renamed over model/, so a crash never leaves a half-written model/.
+  weights. Written to model.tmp/ (a folder the export creates itself: a link or leftover of that name is removed, never
+  written through) and renamed over model/, so a crash, a full disk or a signal never leaves a half-written model/:
+  the previous one, or none, stays. `export_finished` says what a failed export left (the run is checkpointed).
 - the folder the vLLM rollout engine starts from (train/engines/vllm.py), whose weight syncs send `merged_state` too.
 
 The weights are the model's own, in its dtype. A model de-quantized from a GGUF (the default SmolLM2) still carries
@@ -16,6 +18,8 @@ separately."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -90,15 +94,58 @@ def write_hf_folder(model, tok, folder: Path) -> Path:
     return folder
 
 
+def _remove(path: Path) -> None:
+    """`path` gone: a link or file unlinked (its target untouched), a folder deleted."""
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
 def export_model(model, tok, out_dir: Path) -> Path:
-    """Write `model` and `tok` to OUTPUT_DIR/model/ (through model.tmp/, renamed); returns the folder."""
+    """Write `model` and `tok` to OUTPUT_DIR/model/ (through model.tmp/, created new, renamed); returns the folder.
+    On any failure model.tmp/ is removed and model/ is as it was."""
     out_dir = Path(out_dir)
     final, tmp = out_dir / MODEL_DIR, out_dir / (MODEL_DIR + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_hf_folder(model, tok, tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    _remove(tmp)
+    os.mkdir(tmp)  # ours: created now (a link planted meanwhile makes this fail, it is never followed)
+    try:
+        write_hf_folder(model, tok, tmp)
+        old = None
+        if os.path.isdir(final) and not os.path.islink(final):
+            old = out_dir / f"{MODEL_DIR}.tmp-old-{secrets.token_hex(4)}"
+            os.rename(final, old)
+        else:
+            _remove(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def export_finished(model, tok, out_dir: Path) -> tuple[str | None, str | None]:
+    """`export_model` at the end of a finished, checkpointed run -> (the signal that stopped it, or None; what went
+    wrong, or None). A signal or an OSError (a full disk) leaves model/ as it was and says so; the run itself is saved
+    (its checkpoint, metrics.jsonl, heldout.jsonl and the summary the caller writes)."""
+    from .run.signals import signal_name
+
+    try:
+        folder = export_model(model, tok, out_dir)
+    except KeyboardInterrupt as exc:
+        name = signal_name(exc)
+        print(f"\n{name} while writing {Path(out_dir) / MODEL_DIR}: not written (the run is finished and "
+              "checkpointed; --resume writes the model)")  # fmt: skip
+        return name, None
+    except OSError as exc:
+        return None, (
+            f"writing {Path(out_dir) / MODEL_DIR} failed ({exc.strerror or exc}); the previous model/ (if "
+            "any) is unchanged. The run is finished and checkpointed: free space, then --resume writes it"
+        )
+    print(f"model: {folder} ({folder_mb(folder):.1f} MiB; AutoModelForCausalLM.from_pretrained loads it)")
+    return None, None
 
 
 def folder_mb(path: Path) -> float:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from .config import TrainConfig
 from .distributed import Dist, from_env, shutdown
-from .errors import Refused
+from .errors import Refused, TrainError
 from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
-from .export import export_model, folder_mb
+from .export import export_finished
 from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
@@ -225,10 +225,12 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
                 stopped_by = signal_name(exc)
             finally:
                 bar.close()
-        if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:
-            folder = export_model(run.model, run.tok, run.out_dir)  # OUTPUT_DIR/model/, a Hugging Face folder
-            print(f"model: {folder} ({folder_mb(folder):.1f} MiB; AutoModelForCausalLM.from_pretrained loads it)")
+        export_error = None
+        if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:  # OUTPUT_DIR/model/ (HF folder)
+            stopped_by, export_error = export_finished(run.model, run.tok, run.out_dir)
         summary = write_summary(cfg, run, state, stopped_by, t_start)
+        if export_error is not None:
+            raise TrainError(export_error)
     print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")
     return summary
 

@@ -11,6 +11,7 @@ batch, the code in parallel.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import inspect
@@ -20,6 +21,7 @@ import re
 import sys
 from fractions import Fraction
 
+from .errors import TrainError
 from .sandbox import FunctionCheck, Limits, run_check, run_many
 
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
@@ -228,8 +230,10 @@ def format_reward(completion: str) -> float:
 # problem's fields (a JSONL row's keys; a built-in task's question and answer) is a list with the completions' values.
 
 
-class RewardError(ValueError):
-    """A reward reference that cannot be used: the message names it and says why."""
+class RewardError(TrainError, ValueError):
+    """A reward reference that cannot be used, or a reward function that failed (raised, exited, returned a wrong or
+    non-finite value): the message names it and says why. `python -m train` prints it without a traceback (exit 2
+    before training: a refusal; exit 1 during it, the run checkpointed)."""
 
 
 def _builtin_correctness(completions: list[str], answer: list, **_) -> list[float]:
@@ -306,6 +310,28 @@ def load_reward_function(name: str):
     return fn
 
 
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _call_user(name: str, fn, completions: list[str], columns: dict):
+    """`fn(completions=..., **columns)` behind a boundary: a user's function gets its own copy of every input (what it
+    mutates reaches neither the next function nor the next step), and anything it raises -- SystemExit included --
+    becomes a RewardError naming it (a Ctrl-C still stops the run)."""
+    if name not in BUILTIN_REWARDS:
+        completions, columns = list(completions), copy.deepcopy(columns)
+    try:
+        return fn(completions=list(completions), **columns)
+    except TypeError as exc:
+        raise RewardError(
+            f"reward {name!r}: calling it with completions= and the problem's fields ({', '.join(columns)}) failed: "
+            f"{str(exc)[:300]}"
+        ) from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's code: any failure is named, not a crash
+        raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
 class RewardFunctions:
     """The weighted sum of reward functions (`--reward`), called once per batch. `check` calls each on one completion
     of a real problem before training, so that a wrong signature or return value is refused then."""
@@ -326,23 +352,22 @@ class RewardFunctions:
         columns["prompts"] = list(prompts)
         total = [0.0] * len(completions)
         for name, fn, w in self.functions:
-            try:
-                values = fn(completions=list(completions), **columns)
-            except TypeError as exc:
-                raise RewardError(
-                    f"reward {name!r}: calling it with completions= and the problem's fields "
-                    f"({', '.join(columns)}) failed: {exc}"
-                ) from None
+            values = _call_user(name, fn, completions, columns)
             if not isinstance(values, (list, tuple)) or len(values) != len(completions):
                 got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
                 raise RewardError(f"reward {name!r}: returned {got}; expected a list of {len(completions)} floats")
             for i, v in enumerate(values):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise RewardError(
-                        f"reward {name!r}: completion {i}: {v!r}; expected a finite float (completion "
+                        f"reward {name!r}: completion {i}: {_short(v)}; expected a finite float (completion "
                         f"{completions[i][:60]!r})"
                     )
                 total[i] += w * float(v)
+        bad = next((i for i, t in enumerate(total) if not math.isfinite(t)), None)
+        if bad is not None:  # each value finite, their weighted sum not: a weight times a value overflowed
+            terms = ", ".join(f"{name}={w:g}" for name, _, w in self.functions)
+            raise RewardError(f"rewards {terms}: the weighted sum for completion {bad} is {total[bad]}; expected a "
+                              "finite sum (use smaller weights or values)")  # fmt: skip
         self._last = (key, total)
         return total
 

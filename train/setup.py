@@ -24,6 +24,7 @@ from .probe import kl_probe
 from .rollout import Sampling
 from .run.metrics import write_json
 from .tasks import TASK_OPTIONS, make_task
+from .tasks.jsonl import check_prompts_fit
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
@@ -125,6 +126,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     engine = make_engine(cfg, model, tok, device, ctx)
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
+    check_prompts_fit(task, tok, model, cfg.max_new_tokens, system_prompt)  # a JSONL task's prompts fit the context
     sampling = Sampling.of(cfg, system_prompt, format_weight=cfg.format_reward_weight)
     run = Run(
         loss_cfg=loss_cfg,

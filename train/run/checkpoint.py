@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import TrainError
+from ..run.files import NOFOLLOW, atomic_writer
 from ..run.rng import is_random_state, restore_rng
 
 # of state.pt. Format 1 (pickles) and 2 (no feature states; the collapse history and the dynamic-sampling generator
@@ -43,15 +44,10 @@ class CheckpointError(TrainError):
 def atomic_save(obj, file: Path) -> None:
     """torch.save to FILE.tmp, fsync, rename over FILE. On any failure the temporary file is removed and FILE is left
     as it was; an OSError (disk full, ...) becomes a CheckpointError that says so."""
-    tmp = file.with_name(file.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
+        with atomic_writer(file, "wb", fsync=True) as f:  # our own FILE.tmp (never a link's target), renamed
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, file)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             kept = f"the previous {file.name} is unchanged" if file.exists() else f"there is no {file.name}"
             raise CheckpointError(f"could not write {file}: {exc} ({kept})") from exc
@@ -70,7 +66,13 @@ def safe_load(file: Path, what: str) -> dict:
     """torch.load(weights_only=True) of a dict: tensors, numbers, strings, lists, tuples, dicts; anything else (a
     pickled object, a torn or foreign file) is a CheckpointError naming the file. Nothing in the file is executed."""
     # O_NONBLOCK: opening a FIFO for reading would wait for a writer forever; opened so, it is refused by fstat
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # FileNotFoundError: the caller's
+    try:  # never through a symbolic link (a file under OUTPUT_DIR is read as it is)
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)  # FileNotFoundError: the caller's
+    except OSError:
+        if not os.path.islink(file):
+            raise
+        raise CheckpointError(f"{file} is a symbolic link: not read (the trainer never follows a link in its "
+                              "output folder); put the file itself there") from None  # fmt: skip
     with os.fdopen(fd, "rb") as f:
         mode = os.fstat(f.fileno()).st_mode
         if not stat.S_ISREG(mode):

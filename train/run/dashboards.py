@@ -5,12 +5,18 @@ the one-to-one map (docs/trainer.md, "Dashboards"). A number TRL has no name for
 an eval event's under `eval/<our name without eval_>`.
 
 TensorBoard: event files in OUTPUT_DIR/tensorboard/ (`tensorboard --logdir OUTPUT_DIR`; `pip install
-.[tensorboard]`). trackio: project `sgrpo`, the run named after OUTPUT_DIR (`pip install .[trackio]`)."""
+.[tensorboard]`). trackio: project `sgrpo`, the run named after OUTPUT_DIR and the run's id (`trackio_name`: two runs
+in folders with the same last name, such as every study arm's `seed0`, are two runs; a --resume continues its own;
+`pip install .[trackio]`)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from pathlib import Path
+
+from ..run.files import check_not_link
 
 # our metrics.jsonl key -> TRL's name (without the train/ prefix transformers adds). Where the definitions differ:
 # reward_std is the batch's std (TRL: the mean of the groups' stds); clip_frac counts low and high clips (TRL's
@@ -50,6 +56,17 @@ def dashboard_tags(record: dict) -> dict[str, float]:
     return out
 
 
+def trackio_name(out_dir: Path) -> str:
+    """The trackio run of OUTPUT_DIR: its last name and the run's id from its manifest (a fresh run, --overwrite
+    included, gets a new id; a resume keeps it), or, without a manifest, a hash of the folder's full path."""
+    from ..run.rundir import read_manifest
+
+    folder = Path(out_dir).resolve()
+    manifest = read_manifest(folder)
+    tag = manifest["run_id"][:8] if manifest else hashlib.sha256(os.fsencode(folder)).hexdigest()[:8]
+    return f"{folder.name}-{tag}"
+
+
 class Dashboard:
     """One run's dashboard; `log(record)` for each record metrics.jsonl gets. `purge_step`: on a resume, the first
     step whose records will be written again (TensorBoard drops what an interrupted run logged from there on)."""
@@ -65,14 +82,16 @@ class Dashboard:
                 raise ImportError(
                     f"--report-to tensorboard needs tensorboard: pip install tensorboard ({exc})"
                 ) from None
-            self.writer = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"), purge_step=purge_step)
+            log_dir = Path(out_dir) / "tensorboard"
+            check_not_link(log_dir)  # (open_output_dir refuses one too; this is for the race)
+            self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
         else:
             try:
                 import trackio
             except ImportError as exc:
                 raise ImportError(f"--report-to trackio needs trackio: pip install trackio ({exc})") from None
             self.trackio = trackio
-            trackio.init(project="sgrpo", name=Path(out_dir).resolve().name, config=config or {}, resume="allow")
+            trackio.init(project="sgrpo", name=trackio_name(out_dir), config=config or {}, resume="allow")
 
     def log(self, record: dict) -> None:
         tags, step = dashboard_tags(record), int(record.get("step", 0))

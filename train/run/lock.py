@@ -12,10 +12,12 @@ import errno
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
 from ..errors import Refused
+from ..run.files import NOFOLLOW, read_text
 
 try:
     import fcntl
@@ -46,7 +48,7 @@ class RunLock:
 
     def _holder(self) -> str:
         try:
-            info = json.loads(self.path.read_text())
+            info = json.loads(read_text(self.path))
             return f"pid {info['pid']} on {info['host']}, since {info['started']}"
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"
@@ -62,6 +64,20 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(info).encode())
 
+    def _open(self, flags: int) -> int:
+        """The lock file, never through a symbolic link planted in its place (refused), only a regular file."""
+        try:
+            fd = os.open(self.path, flags | NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or os.path.islink(self.path):
+                raise Refused(f"{self.path} is a symbolic link: the trainer never writes through a link in its "
+                              "output folder; remove it, or use another --output-dir") from None  # fmt: skip
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Refused(f"{self.path} is not a regular file; remove it, or use another --output-dir")
+        return fd
+
     def __enter__(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is not None:
@@ -74,7 +90,7 @@ class RunLock:
 
     def _acquire_flock(self) -> RunLock:
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -97,10 +113,10 @@ class RunLock:
     def _acquire_pidfile(self) -> RunLock:
         for _ in range(10):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = self._open(os.O_RDWR | os.O_CREAT | os.O_EXCL)
             except FileExistsError:
                 try:
-                    info = json.loads(self.path.read_text())
+                    info = json.loads(read_text(self.path))
                     stale = info["host"] == socket.gethostname() and not _pid_alive(int(info["pid"]))
                 except (OSError, ValueError, KeyError, TypeError):
                     stale = False  # being written, or unreadable: not ours to remove

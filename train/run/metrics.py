@@ -8,6 +8,8 @@ import math
 import os
 from pathlib import Path
 
+from ..run.files import open_append, read_text, write_text_atomic
+
 
 def json_safe(obj):
     """`obj` with every non-finite float (NaN, +-inf) replaced by None, recursively: what strict JSON can hold."""
@@ -26,10 +28,8 @@ def dumps(obj, **kwargs) -> str:
 
 
 def write_json(path: Path, obj, **kwargs) -> None:
-    """Strict JSON to `path`, atomically (a temporary file renamed over it)."""
-    tmp = Path(path).with_name(Path(path).name + ".tmp")
-    tmp.write_text(dumps(obj, **kwargs) + "\n")
-    os.replace(tmp, path)
+    """Strict JSON to `path`, atomically (our own temporary file renamed over it; never through a link)."""
+    write_text_atomic(path, dumps(obj, **kwargs) + "\n")
 
 
 class MetricsLog:
@@ -49,47 +49,81 @@ class MetricsLog:
         self.report_to, self.config = report_to, config  # --report-to: each record also goes to that dashboard
         self.dashboard = None
 
-    def __enter__(self) -> MetricsLog:
+    def _kept(self) -> list[str]:
+        """The first `keep_lines` lines of the file (read without following a link), less any that is not a JSON
+        record (a torn write, a garbled line): those are dropped one by one, each named, the records around them
+        kept."""
         kept: list[str] = []
-        if self.keep_lines is not None and self.path.exists():
-            for i, line in enumerate(self.path.read_text().splitlines()[: self.keep_lines]):
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError:
-                    print(f"warning: {self.path} line {i + 1} is torn (a write cut short); it and the rest are dropped")
-                    break
-                kept.append(line)
-        if self.keep_lines is not None and len(kept) < self.keep_lines:
+        if self.keep_lines is None or not self.path.exists():
+            return kept
+        for i, line in enumerate(read_text(self.path).splitlines()[: self.keep_lines]):
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                print(f"warning: {self.path} line {i + 1} is not a JSON record (torn or garbled); dropped, the "
+                      "records around it are kept")  # fmt: skip
+                continue
+            kept.append(line)
+        if len(kept) < self.keep_lines:
             print(f"warning: {self.path} holds {len(kept)} of the checkpoint's {self.keep_lines} records")
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in kept))
-        os.replace(tmp, self.path)
+        return kept
+
+    def __enter__(self) -> MetricsLog:
+        kept = self._kept()
+        write_text_atomic(self.path, "".join(ln + "\n" for ln in kept))
         self.lines = len(kept)
-        self._file = self.path.open("a")
+        self._file = open_append(self.path)
         if self.report_to != "none":
             from ..run.dashboards import Dashboard
 
             purge = None
             if self.keep_lines is not None:  # a resume: TensorBoard drops what was logged after the kept records
                 purge = max((json.loads(ln).get("step", 0) for ln in kept), default=-1) + 1
-            self.dashboard = Dashboard(self.report_to, self.path.parent, self.config, purge_step=purge)
+            try:
+                self.dashboard = Dashboard(self.report_to, self.path.parent, self.config, purge_step=purge)
+            except OSError as exc:  # a full disk, a folder that cannot be written: the run goes on without it
+                self._dashboard_failed("could not start", exc)
         return self
 
+    def _dashboard_failed(self, what: str, exc: BaseException) -> None:
+        print(f"warning: --report-to {self.report_to}: {what} ({type(exc).__name__}: {exc}); the dashboard is off "
+              f"from here, {self.path} keeps every record")  # fmt: skip
+        self.dashboard = None
+
     def write(self, record: dict) -> None:
+        """One record, whole or not at all: a write that fails (disk full) is cut back to the previous record and the
+        error raised."""
         if self._file is None:
             raise RuntimeError("MetricsLog.write outside its `with` block")
-        self._file.write(dumps(record) + "\n")
-        self._file.flush()
+        data, written = (dumps(record) + "\n").encode(), 0
+        size = os.fstat(self._file.fileno()).st_size
+        try:
+            while written < len(data):  # unbuffered: a short write is continued, a failed one raises
+                written += self._file.write(data[written:])
+        except OSError:
+            try:
+                os.ftruncate(self._file.fileno(), size)
+            except OSError:
+                pass
+            raise
         self.lines += 1
         if self.dashboard is not None:
-            self.dashboard.log(record)
+            try:
+                self.dashboard.log(record)
+            except Exception as exc:  # noqa: BLE001 -- the dashboard's own failure never stops the run
+                self._dashboard_failed(f"step {record.get('step')} not logged", exc)
 
     def __exit__(self, *exc) -> None:
         self._file.close()
         self._file = None
         if self.dashboard is not None:
-            self.dashboard.close()
-            self.dashboard = None
+            dashboard, self.dashboard = self.dashboard, None
+            try:
+                dashboard.close()
+            except Exception as err:  # noqa: BLE001
+                self._dashboard_failed("could not close", err)
 
 
 class NullLog:

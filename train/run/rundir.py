@@ -1,11 +1,18 @@
 """What a run may do with its output directory before it starts: `open_output_dir` refuses to mix two runs (a fresh
 run over an existing one needs --overwrite; --resume needs a checkpoint and the checkpoint's configuration), and
-`config_differences` names the settings a resume would change."""
+`config_differences` names the settings a resume would change.
+
+The folder is the trainer's only where it holds a run of it: OUTPUT_DIR/run-manifest.json (`MANIFEST`, written before
+any other file of a run) says which names there are the trainer's (`RUN_FILES`, `RUN_DIRS`) and carries the run's id.
+A file of one of those names in a folder without a manifest or a run is someone else's: the run is refused, with or
+without --overwrite, and nothing is touched. A symbolic link in place of any of them is refused too."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -14,6 +21,8 @@ from sgrpo_kernels.rl import LossConfig
 from ..config import RESUME_SAFE, TrainConfig
 from ..errors import Refused
 from ..run.checkpoint import STATE_FILE, read_checkpoint
+from ..run.files import read_text
+from ..run.metrics import write_json
 
 # What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
 RUN_FILES = (
@@ -32,6 +41,51 @@ RUN_FILES = (
 )
 
 RUN_DIRS = ("model", "model.tmp", "tensorboard")  # the trained policy (train/export.py), --report-to tensorboard
+MANIFEST = "run-manifest.json"  # what the trainer owns in OUTPUT_DIR, and the run's id
+OWNER = "sgrpo-kernels python -m train"
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    """OUTPUT_DIR's manifest ({"owner", "run_id", "files"}), or None where there is none that this trainer wrote."""
+    try:
+        m = json.loads(read_text(Path(out_dir) / MANIFEST))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(m, dict) and m.get("owner") == OWNER and isinstance(m.get("run_id"), str)
+    return m if ok and isinstance(m.get("files"), list) else None
+
+
+def write_manifest(out_dir: Path, run_id: str | None = None) -> dict:
+    """A new manifest: every name the run may write, and the run's id (`run_id`, or a new random one)."""
+    m = {"owner": OWNER, "run_id": run_id or secrets.token_hex(8), "files": sorted({*RUN_FILES, *RUN_DIRS, MANIFEST})}
+    write_json(Path(out_dir) / MANIFEST, m, indent=2)
+    return m
+
+
+def _present(out_dir: Path) -> list[str]:
+    """The trainer's names that exist in OUTPUT_DIR (links included), a folder as NAME/."""
+    return [n + ("/" if os.path.isdir(out_dir / n) else "") for n in (*RUN_FILES, *RUN_DIRS, "checkpoint")
+            if os.path.lexists(out_dir / n)]  # fmt: skip
+
+
+def _refuse_links(out_dir: Path) -> None:
+    links = [n for n in (*RUN_FILES, *RUN_DIRS, MANIFEST, "checkpoint") if os.path.islink(out_dir / n)]
+    if links:
+        raise Refused(
+            f"{out_dir}: {', '.join(links)} {'is a symbolic link' if len(links) == 1 else 'are symbolic links'}; the "
+            "trainer never reads or writes through a link in its output folder. Remove the link(s), or use another "
+            "--output-dir."
+        )
+
+
+def _refuse_foreign(out_dir: Path) -> None:
+    """Refused: OUTPUT_DIR holds no run of this trainer (no manifest, no run) but files of the names it writes."""
+    foreign = [n for n in _present(out_dir) if n != "checkpoint/" or any((out_dir / "checkpoint").iterdir())]
+    if foreign:
+        raise Refused(
+            f"{out_dir} holds {', '.join(foreign)}, which no run of this trainer wrote there (it has no {MANIFEST}); "
+            "a run would overwrite them, so nothing was started or touched. Move them, or use another --output-dir."
+        )
 
 
 def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> list[str]:
@@ -62,7 +116,7 @@ def describe_existing(out_dir: Path) -> str | None:
     if not (summary.exists() or ckpt.exists() or tmp.exists() or (metrics.exists() and metrics.stat().st_size > 0)):
         return None
     try:
-        s = json.loads(summary.read_text())
+        s = json.loads(read_text(summary))
         if s.get("interrupted"):
             return f"a run interrupted at step {s.get('steps')}"
         return f"a finished run ({s.get('steps')} steps)"
@@ -76,6 +130,8 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
     holds a run, unless --overwrite (which deletes that run's files); returns None."""
     out_dir = Path(cfg.output_dir)
     ckpt_file = out_dir / "checkpoint" / STATE_FILE
+    _refuse_links(out_dir)
+    manifest = read_manifest(out_dir)
     if cfg.resume and cfg.overwrite:
         raise Refused("--resume continues the run in OUTPUT_DIR, --overwrite deletes it: pass one of them")
     if cfg.resume:
@@ -98,8 +154,12 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
                 "run in another --output-dir."
             )
         ckpt_file.with_name(STATE_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted save's leftover
+        if manifest is None:  # a run written before manifests: the checkpoint makes it ours
+            write_manifest(out_dir)
         return ckpt
     existing = describe_existing(out_dir)
+    if existing is None and manifest is None:
+        _refuse_foreign(out_dir)
     if existing is not None:
         if not cfg.overwrite:
             raise Refused(
@@ -108,12 +168,16 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
             )
         print(f"--overwrite: deleting {existing} in {out_dir}")
     if cfg.overwrite:
+        owned = set(manifest["files"]) if manifest is not None else {*RUN_FILES, *RUN_DIRS}  # (before manifests)
         for name in RUN_FILES:
-            (out_dir / name).unlink(missing_ok=True)
+            if name in owned:
+                (out_dir / name).unlink(missing_ok=True)
         for name in RUN_DIRS:
-            shutil.rmtree(out_dir / name, ignore_errors=True)
+            if name in owned:
+                shutil.rmtree(out_dir / name, ignore_errors=True)
         try:
             (out_dir / "checkpoint").rmdir()  # when nothing else is in it
         except OSError:
             pass
+    write_manifest(out_dir)  # a fresh run: a new id (its dashboard run is not the deleted one's)
     return None

@@ -149,6 +149,9 @@ def report_problem(folder: Path, order: list[str] | None, figure: bool) -> str |
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = build_parser().parse_args(argv)
+    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last silently
+        print("python -m train.study: --config given more than once; give one file", file=sys.stderr)
+        return 2
     if first.config is not None:
         try:
             argv = config_argv(first.config) + argv

@@ -207,6 +207,8 @@ class RunSpec:
             cfg, _ = parse_args(argv)
         except SystemExit:
             raise ValueError(f"{self.key}: the trainer refused its arguments (message above)") from None
+        if cfg.max_steps < 1:  # the trainer accepts 0 (evaluate only); a study of runs that train nothing has no report
+            raise ValueError(f"{self.key}: max_steps={cfg.max_steps} trains nothing; a study needs max_steps >= 1")
         return cfg
 
 

@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+from ..errors import Refused
 from ..rewards import MathAnswer, RewardFunctions, RowAnswer, extract_answer
 from ..tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
 from ..tasks.registry import register_task
@@ -18,6 +19,11 @@ JSONL_EXPECTED = (
     "expected JSON Lines: one JSON object per line with a question (one of question/problem/prompt) and an answer "
     '(answer/solution), e.g. {"question": "What is 2 + 3?", "answer": "5"}'
 )
+
+
+class DataRefused(Refused, ValueError):
+    """The data file cannot be used: the message names the file, the line and what is accepted (`python -m train`
+    prints it and exits 2, no traceback)."""
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
@@ -42,10 +48,74 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
             raise ValueError(
                 f"{path}: line {number}: not valid JSON ({exc.msg}, column {exc.colno}); {JSONL_EXPECTED}"
             ) from None
+        except (ValueError, RecursionError) as exc:  # a number past Python's digit limit, nesting past the stack's
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0][:120]
+            raise ValueError(f"{path}: line {number}: not usable JSON ({why}); {JSONL_EXPECTED}") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}: line {number}: a JSON {type(row).__name__}, not an object; {JSONL_EXPECTED}")
         rows.append((number, row))
     return rows
+
+
+def unique_rows(rows: list[tuple[int, dict]], path) -> list[tuple[int, dict]]:
+    """`rows` without the exact repeats of an earlier row (each dropped one named in a warning): a repeated row would
+    only weigh its problem twice in training."""
+    seen: dict[str, int] = {}
+    out, dropped = [], []
+    for n, row in rows:
+        key = json.dumps(row, sort_keys=True)
+        if key in seen:
+            dropped.append(f"line {n} repeats line {seen[key]}")
+            continue
+        seen[key] = n
+        out.append((n, row))
+    if dropped:
+        more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+        print(f"warning: {path}: {len(dropped)} duplicate row(s) dropped ({', '.join(dropped[:5])}{more})")
+    return out
+
+
+def split_by_content(problems: list[Problem], heldout_frac: float, seed: int) -> tuple[list, list]:
+    """(training, held-out): the problems shuffled with `seed`, the last `heldout_frac` of them held out, where
+    problems with the same prompt count as one and go to the same side (a prompt is never both trained on and held
+    out). Without a repeated prompt this is exactly the positional split of one shuffled list (as before issue 39)."""
+    groups: dict[str, list[Problem]] = {}
+    for p in problems:
+        groups.setdefault(p.prompt, []).append(p)
+    units = list(groups.values())
+    random.Random(seed).shuffle(units)
+    n_held = max(1, int(len(units) * heldout_frac))
+    return [p for u in units[:-n_held] for p in u], [p for u in units[-n_held:] for p in u]
+
+
+def check_prompts_fit(task, tok, model, max_new_tokens: int, system_prompt: str | None) -> None:
+    """DataRefused naming the file and line of a prompt of a JSONL task whose chat-formatted tokens and
+    `max_new_tokens` exceed the model's context (`max_position_embeddings`): it would stall or fail the run. Cheap:
+    only prompts whose UTF-8 length could exceed it are tokenized (no tokenizer makes more tokens than bytes, beyond
+    the template's own)."""
+    from ..rollout import chat_prompts
+
+    config = getattr(model, "config", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if not isinstance(task, JsonlTask) or not isinstance(context, int) or context <= 0:
+        return
+
+    def tokens(problem) -> int:
+        text = chat_prompts(tok, [problem], system_prompt)[0]
+        return int(tok([text], return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1])
+
+    room = context - max_new_tokens
+    overhead = tokens(Problem("", ""))
+    for p in task.train + task.test:
+        if len(p.prompt.encode()) + overhead <= room:
+            continue
+        n = tokens(p)
+        if n > room:
+            raise DataRefused(
+                f"{task.path}: line {task.lines.get(p.prompt, '?')}: the prompt is {n} tokens; the model's context is "
+                f"{context} tokens and --max-new-tokens {max_new_tokens}, so a prompt may have at most {room} tokens. "
+                "Shorten or remove it (or lower --max-new-tokens)"
+            )
 
 
 class JsonlTask:
@@ -53,19 +123,23 @@ class JsonlTask:
 
     Accepted fields: question/problem/prompt for the text; answer (GSM8K "... #### 42" or a bare value) or solution
     (MATH, the last \\boxed{...}) for the ground truth. Every row must have both (a row without them is an error
-    naming its line, not skipped). The last `heldout_frac` of the shuffled file is held out.
+    naming its line, not skipped). Checked before the split: an exact repeat of a row is dropped (with a warning); rows
+    with the same prompt stay on one side of the split (`split_by_content`): the last `heldout_frac` of the shuffled
+    distinct prompts is held out. A prompt too long for the model's context is refused (`check_prompts_fit`).
     """
 
     system_prompt: str | None = None  # the chat template's default
 
     def __init__(self, path: str, prompt_template: str = "{question}", heldout_frac: float = 0.2, seed: int = 0):
         check_template(prompt_template)
-        problems = [self._parse(row, prompt_template, f"{path}: line {n}") for n, row in read_jsonl(path)]
-        if len(problems) < 2:
-            raise ValueError(f"{path}: {len(problems)} problem(s); need at least 2 (training and held-out)")
-        random.Random(seed).shuffle(problems)
-        n_held = max(1, int(len(problems) * heldout_frac))
-        self.train, self.test = problems[:-n_held], problems[-n_held:]
+        rows = unique_rows(read_jsonl(path), path)
+        problems = [self._parse(row, prompt_template, f"{path}: line {n}") for n, row in rows]
+        self.path, self.lines = str(path), {}  # the line of each prompt (its first), for the messages about it
+        for (n, _), p in zip(rows, problems):
+            self.lines.setdefault(p.prompt, n)
+        if len(self.lines) < 2:
+            raise ValueError(f"{path}: {len(self.lines)} distinct problem(s); need at least 2 (training and held-out)")
+        self.train, self.test = split_by_content(problems, heldout_frac, seed)
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
         question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
@@ -120,7 +194,10 @@ def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | No
                 f"task={name!r} needs --data-path FILE.jsonl (question/answer or problem/solution per line); "
                 f"loading it with the datasets library failed: {exc}"
             ) from exc
-    task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+    try:
+        task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+    except ValueError as exc:  # the data's faults, named by file and line: a refusal, not a crash
+        raise exc if isinstance(exc, Refused) else DataRefused(str(exc)) from None
     if name == "math":  # graded with math-verify when it is installed (rewards.MathAnswer)
         task.train, task.test = ([dataclasses.replace(p, answer=MathAnswer(p.answer)) for p in ps]
                                  for ps in (task.train, task.test))  # fmt: skip
@@ -185,4 +262,7 @@ def make_rows(*, data_path: str | None, prompt_template: str | None, heldout_fra
     if data_path is None:
         raise ValueError("task='jsonl' needs --data FILE.jsonl (a prompt field and any other fields per line)")
     grader = RewardFunctions(reward) if reward else None
-    return RowsTask(data_path, prompt_template or "{question}", heldout_frac, seed, grader)
+    try:
+        return RowsTask(data_path, prompt_template or "{question}", heldout_frac, seed, grader)
+    except ValueError as exc:  # the data's faults, named by file and line: a refusal, not a crash
+        raise exc if isinstance(exc, Refused) else DataRefused(str(exc)) from None
