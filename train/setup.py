@@ -21,7 +21,7 @@ from .features import Features, build_features
 from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
 from .policy import data_parallel
 from .probe import kl_probe
-from .rollout import Sampling
+from .rollout import Sampling, chat_prompts
 from .run.metrics import write_json
 from .tasks import TASK_OPTIONS, make_task
 from .tasks.jsonl import check_prompts_fit
@@ -126,7 +126,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     engine = make_engine(cfg, model, tok, device, ctx)
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
-    check_prompts_fit(task, tok, model, cfg.max_new_tokens, system_prompt)  # a JSONL task's prompts fit the context
+    render = lambda p: chat_prompts(tok, [p], system_prompt)[0]  # noqa: E731 -- the text the rollout feeds the model
+    check_prompts_fit(task, tok, model, cfg.max_new_tokens, render)  # a JSONL task's prompts fit the model's context
     sampling = Sampling.of(cfg, system_prompt, format_weight=cfg.format_reward_weight)
     run = Run(
         loss_cfg=loss_cfg,

@@ -16,7 +16,7 @@ import math
 import os
 from pathlib import Path
 
-from ..run.files import check_not_link
+from ..run.files import check_not_link, read_manifest
 
 # our metrics.jsonl key -> TRL's name (without the train/ prefix transformers adds). Where the definitions differ:
 # reward_std is the batch's std (TRL: the mean of the groups' stds); clip_frac counts low and high clips (TRL's
@@ -59,8 +59,6 @@ def dashboard_tags(record: dict) -> dict[str, float]:
 def trackio_name(out_dir: Path) -> str:
     """The trackio run of OUTPUT_DIR: its last name and the run's id from its manifest (a fresh run, --overwrite
     included, gets a new id; a resume keeps it), or, without a manifest, a hash of the folder's full path."""
-    from ..run.rundir import read_manifest
-
     folder = Path(out_dir).resolve()
     manifest = read_manifest(folder)
     tag = manifest["run_id"][:8] if manifest else hashlib.sha256(os.fsencode(folder)).hexdigest()[:8]

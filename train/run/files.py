@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 from pathlib import Path
@@ -95,3 +96,17 @@ def check_not_link(path: Path) -> None:
     """LinkRefused when `path` is a symbolic link (a folder the trainer writes into, such as checkpoint/)."""
     if os.path.islink(path):
         raise _refuse_link(Path(path))
+
+
+MANIFEST = "run-manifest.json"  # what the trainer owns in OUTPUT_DIR, and the run's id (train/run/rundir.py)
+OWNER = "sgrpo-kernels python -m train"
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    """OUTPUT_DIR's manifest ({"owner", "run_id", "files"}), or None where there is none that this trainer wrote."""
+    try:
+        m = json.loads(read_text(Path(out_dir) / MANIFEST))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(m, dict) and m.get("owner") == OWNER and isinstance(m.get("run_id"), str)
+    return m if ok and isinstance(m.get("files"), list) else None

@@ -21,7 +21,7 @@ from sgrpo_kernels.rl import LossConfig
 from ..config import RESUME_SAFE, TrainConfig
 from ..errors import Refused
 from ..run.checkpoint import STATE_FILE, read_checkpoint
-from ..run.files import read_text
+from ..run.files import MANIFEST, OWNER, read_manifest, read_text
 from ..run.metrics import write_json
 
 # What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
@@ -41,18 +41,6 @@ RUN_FILES = (
 )
 
 RUN_DIRS = ("model", "model.tmp", "tensorboard")  # the trained policy (train/export.py), --report-to tensorboard
-MANIFEST = "run-manifest.json"  # what the trainer owns in OUTPUT_DIR, and the run's id
-OWNER = "sgrpo-kernels python -m train"
-
-
-def read_manifest(out_dir: Path) -> dict | None:
-    """OUTPUT_DIR's manifest ({"owner", "run_id", "files"}), or None where there is none that this trainer wrote."""
-    try:
-        m = json.loads(read_text(Path(out_dir) / MANIFEST))
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(m, dict) and m.get("owner") == OWNER and isinstance(m.get("run_id"), str)
-    return m if ok and isinstance(m.get("files"), list) else None
 
 
 def write_manifest(out_dir: Path, run_id: str | None = None) -> dict:

@@ -88,20 +88,18 @@ def split_by_content(problems: list[Problem], heldout_frac: float, seed: int) ->
     return [p for u in units[:-n_held] for p in u], [p for u in units[-n_held:] for p in u]
 
 
-def check_prompts_fit(task, tok, model, max_new_tokens: int, system_prompt: str | None) -> None:
+def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
     """DataRefused naming the file and line of a prompt of a JSONL task whose chat-formatted tokens and
     `max_new_tokens` exceed the model's context (`max_position_embeddings`): it would stall or fail the run. Cheap:
     only prompts whose UTF-8 length could exceed it are tokenized (no tokenizer makes more tokens than bytes, beyond
-    the template's own)."""
-    from ..rollout import chat_prompts
-
+    the template's own). `render(problem)`: the text the rollout feeds the model (the chat template applied)."""
     config = getattr(model, "config", None)
     context = getattr(config, "max_position_embeddings", None)
     if not isinstance(task, JsonlTask) or not isinstance(context, int) or context <= 0:
         return
 
     def tokens(problem) -> int:
-        text = chat_prompts(tok, [problem], system_prompt)[0]
+        text = render(problem)
         return int(tok([text], return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1])
 
     room = context - max_new_tokens
