@@ -9,6 +9,7 @@ fresh process (verl's platform and process group are process-wide). Skipped with
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -122,9 +123,11 @@ def hand_batch():
     return prompts, prompt_mask, responses, response_mask, rewards, uid
 
 
-def run_update(loss_mode: str, out: Path, micro: int) -> dict:
+def run_update(loss_mode: str, out: Path, micro: int, trust_region: float | None = None,
+               sgrpo_loss: str = "entropy_filter=quantile:0.75") -> dict:  # fmt: skip
     """In this (fresh) process: build verl's TrainingWorker on the CPU, run one train_batch (micro-batches of `micro`
-    completions) with the plugin's loss and write {verl_loss, our_loss, changed, params} to `out`."""
+    completions) with the plugin's loss (and its trust region) and write {verl_loss, our_loss, changed, params,
+    step_norm, tr_norm, tr_norm_after} to `out`."""
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()), VERL_ENGINE_DEVICE="cuda")  # fmt: skip
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
@@ -158,8 +161,8 @@ def run_update(loss_mode: str, out: Path, micro: int) -> dict:
                                                  engine_config=engine_cfg, optimizer_config=optim_cfg,
                                                  checkpoint_config=CheckpointConfig()))  # fmt: skip
     worker.reset()
-    cfg = loss_config(SGRPOPolicyLossConfig(loss_mode=loss_mode, sgrpo_loss="entropy_filter=quantile:0.75"))
-    worker.set_loss_fn(make_loss_fn(loss_side_config(cfg)))
+    cfg = loss_config(SGRPOPolicyLossConfig(loss_mode=loss_mode, sgrpo_loss=sgrpo_loss, trust_region=trust_region))
+    worker.set_loss_fn(make_loss_fn(loss_side_config(cfg), trust_region))
 
     prompts, prompt_mask, responses, response_mask, rewards, uid = hand_batch()
     input_ids = torch.cat([prompts, responses], 1)
@@ -194,13 +197,22 @@ def run_update(loss_mode: str, out: Path, micro: int) -> dict:
                          global_token_num=attention_mask.sum(1).tolist(), update_lr_scheduler=False)  # fmt: skip
     before = {k: v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
               for k, v in worker.engine.module.state_dict().items()}  # fmt: skip
+    params_before = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().clone()
+                     for n, p in worker.engine.module.named_parameters()}  # fmt: skip
     output = worker.train_batch(data)
+    params_after = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double()
+                    for n, p in worker.engine.module.named_parameters()}  # fmt: skip
+    step = float(torch.sqrt(sum(((params_after[n] - params_before[n]) ** 2).sum() for n in params_before)))
+    from sgrpo_kernels.integrations.verl.trust_region import last_step
+
+    tr = last_step()
     after = worker.engine.module.state_dict()
     changed = {k: bool((before[k] != (v.full_tensor() if hasattr(v, "full_tensor") else v)).any()) for k, v in
                after.items() if before[k].is_floating_point() and "rotary" not in k}  # fmt: skip
     metrics = tu.get(output, "metrics")
     result = {"verl_loss": float(metrics["loss"]), "our_loss": float(ours), "changed": sum(changed.values()),
-              "params": len(changed), "unchanged": [k for k, c in changed.items() if not c]}  # fmt: skip
+              "params": len(changed), "unchanged": [k for k, c in changed.items() if not c], "step_norm": step,
+              "tr_norm": tr.norm if tr else None, "tr_norm_after": tr.norm_after if tr else None}  # fmt: skip
     out.write_text(json.dumps(result))
     return result
 
@@ -219,6 +231,41 @@ def test_verl_worker_update_on_cpu(tmp_path, loss_mode, micro):
     assert abs(r["verl_loss"] - r["our_loss"]) <= 1e-5 * max(1.0, abs(r["our_loss"])), r
     assert r["our_loss"] != 0.0, r
     assert r["params"] > 10 and r["changed"] == r["params"], r
+
+
+def _run_in_fresh_process(tmp_path, *argv) -> dict:
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    res = subprocess.run([sys.executable, __file__, argv[0], str(out), *map(str, argv[1:])], capture_output=True,
+                         text=True, env=env, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_verl_worker_update_with_the_trust_region(tmp_path):
+    """policy_loss.trust_region through a real TrainingWorker update (FSDP2 engine): the optimizer step (lr 1e-2, far
+    outside the ball) is projected; the applied step's norm, measured here on the unsharded weights in float64, is
+    <= the cap and equals what the trust region reported."""
+    cap = 1e-3
+    r = _run_in_fresh_process(tmp_path, "s_grpo", 8, cap)
+    assert r["tr_norm"] > 10 * cap, r
+    assert r["tr_norm_after"] <= cap and r["step_norm"] <= cap, r
+    assert r["step_norm"] == pytest.approx(r["tr_norm_after"], rel=1e-9), r
+    assert r["step_norm"] >= 0.999 * cap, r
+    assert abs(r["verl_loss"] - r["our_loss"]) <= 1e-5 * max(1.0, abs(r["our_loss"])), r
+
+
+@pytest.mark.parametrize("term", ["dppo_tv", "dppo_kl", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"])
+def test_verl_worker_update_with_each_field_loss(tmp_path, term):
+    """Each of the field's policy terms through the plugin (loss_mode=grpo_tc, sgrpo_loss='policy_term=...') in a real
+    worker update: the loss verl reports equals the RL layer's (Clip-Cov draws its token in the worker: skipped
+    there), and every trained parameter moved."""
+    loss = f"policy_term={term}" + (",loss_agg=seq-mean-token-mean" if term in ("sapo", "gmpo") else "")
+    r = _run_in_fresh_process(tmp_path, "grpo_tc", 8, "none", loss)
+    if term != "clip_cov":
+        assert abs(r["verl_loss"] - r["our_loss"]) <= 1e-5 * max(1.0, abs(r["our_loss"])), r
+    assert math.isfinite(r["verl_loss"]) and r["params"] > 10 and r["changed"] == r["params"], r
 
 
 @pytest.mark.gpu
@@ -264,4 +311,6 @@ def test_verl_grpo_run_on_gpu(tmp_path):
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_update(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))))
+    cap = None if len(sys.argv) < 5 or sys.argv[4] == "none" else float(sys.argv[4])
+    extra = {"sgrpo_loss": sys.argv[5]} if len(sys.argv) > 5 else {}
+    print(json.dumps(run_update(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), cap, **extra)))

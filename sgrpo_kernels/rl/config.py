@@ -46,7 +46,8 @@ class LossConfig:
     1+\epsilon_{high}))`; with ``dual_clip = c``, :math:`\ell_{it} = \min(\ell_{it}, -c A_i)` where :math:`A_i < 0`;
     plus :math:`\beta\,k_3` with :math:`k_3 = e^{ref - \log\pi} - (ref - \log\pi) - 1`.
         beta: KL coefficient (k3 against ``ref_logp``); 0 = reference-free.
-        epsilon_low / epsilon_high: PPO clip range (clip-higher when they differ, DAPO).
+        epsilon_low / epsilon_high: PPO clip range (clip-higher when they differ, DAPO); epsilon_low < 1, except
+        for policy_term="cispo", where 1 means no lower bound.
         dual_clip: None or c > 1 (dual-clip PPO, Ye et al. 2020; verl ``clip_ratio_c``).
         importance_level: ``"token"`` :math:`\rho_{it} = e^{\log\pi_{it} - \log\pi^{old}_{it}}` or ``"sequence"``
         (GSPO) :math:`s_i = \exp(\frac{1}{|o_i|}\sum_t \log\pi_{it} - \log\pi^{old}_{it})`, token form

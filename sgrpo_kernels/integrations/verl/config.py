@@ -25,9 +25,13 @@ class SGRPOPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus ``sgrpo_loss``: LossConfig overrides on the preset that ``loss_mode`` names,
     ``"field=value,..."`` as the bundled trainer's ``--loss`` and the TRL integration's ``sgrpo_loss``. Select it with
     ``actor_rollout_ref.actor.policy_loss._target_=sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig`` (verl
-    refuses keys its own dataclass does not have); without overrides the stock dataclass is enough."""
+    refuses keys its own dataclass does not have); without overrides the stock dataclass is enough.
+
+    ``trust_region``: a cap on each optimizer step of the actor, ``||theta - theta_old|| <= trust_region`` over the
+    whole model (FSDP2 shards summed; :mod:`.trust_region`); inf only measures; None (default) is off."""
 
     sgrpo_loss: str = ""
+    trust_region: float | None = None
 
 
 def uses_sgrpo(policy_loss) -> bool:

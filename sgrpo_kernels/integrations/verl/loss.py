@@ -60,11 +60,18 @@ def _share(config: LossConfig, mask: Tensor, data) -> Tensor | float:
     return rows * dp / n_seqs
 
 
-def sgrpo_ppo_loss(model_output, data, dp_group=None, *, loss_config: LossConfig):
+def sgrpo_ppo_loss(model_output, data, dp_group=None, *, loss_config: LossConfig, trust_region: float | None = None):
     """verl's engine-level loss for an sgrpo_kernels preset: ``loss_fn(model_output=, data=, dp_group=)`` ->
-    ``(loss, metrics)``. ``loss_config`` is the loss-side config (entropy filter applied on the driver)."""
+    ``(loss, metrics)``. ``loss_config`` is the loss-side config (entropy filter applied on the driver);
+    ``trust_region`` caps the actor's optimizer steps from then on (:mod:`.trust_region`), and the metrics report the
+    previous step's norm before and after the projection."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
+
+    from sgrpo_kernels.integrations.verl.trust_region import install_trust_region, last_step
+
+    if trust_region is not None:
+        install_trust_region(trust_region)
 
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
@@ -107,6 +114,9 @@ def sgrpo_ppo_loss(model_output, data, dp_group=None, *, loss_config: LossConfig
     out = {f"actor/sgrpo/{k}": v for k, v in floats.items() if k not in ("loss", "pg_loss")}
     out["actor/pg_clipfrac"] = floats["clip_frac_high"]
     out["actor/pg_clipfrac_lower"] = floats["clip_frac_low"]
+    if trust_region is not None and last_step() is not None:
+        out["actor/sgrpo/trust_region_step_norm"] = last_step().norm
+        out["actor/sgrpo/trust_region_step_norm_after"] = last_step().norm_after
     out = Metric.from_dict(out, aggregation=AggregationType.MEAN)
     # scaled like verl's: summed over micro-batches (and averaged over ranks) they give the mini-batch's value
     out["actor/pg_loss"] = Metric(value=floats["pg_loss"] * share, aggregation=AggregationType.SUM)
@@ -118,9 +128,10 @@ _LOGGED = ("loss", "pg_loss", "entropy_loss", "clip_frac_low", "clip_frac_high",
            "zero_weight_frac", "adv_mean")  # fmt: skip
 
 
-def make_loss_fn(loss_config: LossConfig):
-    """The picklable engine-level loss the driver sends to the actor workers (``set_loss_fn``)."""
-    return partial(sgrpo_ppo_loss, loss_config=loss_config)
+def make_loss_fn(loss_config: LossConfig, trust_region: float | None = None):
+    """The picklable engine-level loss the driver sends to the actor workers (``set_loss_fn``), with the actor's trust
+    region (``policy_loss.trust_region``) when set."""
+    return partial(sgrpo_ppo_loss, loss_config=loss_config, trust_region=trust_region)
 
 
 def missing_trainer_loss(name: str):

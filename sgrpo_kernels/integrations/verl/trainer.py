@@ -10,7 +10,7 @@ whole groups). Three methods change, nothing else:
   that the loss does not serve, turns ``calculate_entropy`` on when the preset needs entropies, and runs as verl's
   ``sync`` mode (its replay buffer and options).
 - ``_setup``: after verl built the workers, installs the engine-level loss (:func:`.loss.sgrpo_ppo_loss`) on the actor
-  workers with ``set_loss_fn``.
+  workers with ``set_loss_fn`` (with ``policy_loss.trust_region``, the cap on the actor's steps: :mod:`.trust_region`).
 - ``_compute_advantage``: after verl's own step (rewards, rollout correction), replaces ``advantages`` / ``returns``
   with the preset's and adds the per-token weights and conflict counts (:func:`.signals.driver_signals`).
 """
@@ -32,6 +32,7 @@ from verl.workers.utils.padding import response_to_nested
 from sgrpo_kernels.integrations.verl.config import loss_config
 from sgrpo_kernels.integrations.verl.loss import make_loss_fn
 from sgrpo_kernels.integrations.verl.signals import driver_signals, loss_side_config
+from sgrpo_kernels.integrations.verl.trust_region import check_trust_region
 from sgrpo_kernels.rl import LossConfig
 
 __all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_verl_config"]
@@ -75,11 +76,12 @@ class SGRPOTrainer(PPOTrainerSync):
             if cfg.needs_entropy:
                 config.actor_rollout_ref.actor.calculate_entropy = True
         self.sgrpo_config = cfg
+        self.sgrpo_trust_region = check_trust_region(config.actor_rollout_ref.actor.policy_loss.get("trust_region"))
         super().__init__(config)
 
     def _setup(self):
         super()._setup()
-        self.actor_rollout_wg.set_loss_fn(make_loss_fn(loss_side_config(self.sgrpo_config)))
+        self.actor_rollout_wg.set_loss_fn(make_loss_fn(loss_side_config(self.sgrpo_config), self.sgrpo_trust_region))
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics=metrics)
