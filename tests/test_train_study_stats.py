@@ -1,4 +1,4 @@
-"""The study's held-out statistics (train/study/stats.py) against tabulated values (and scipy when it is installed),
+"""The study's held-out statistics (train/study/stats.py, scipy.stats underneath) against tabulated values,
 the report's per-problem tests on synthetic run folders (a known difference detected, no difference within noise, a
 heldout.jsonl that disagrees with its summary.json refused), the run files' publication, and the memory-on-paper
 arithmetic (benchmarks/memory_on_paper.py)."""
@@ -28,7 +28,7 @@ def test_t_quantiles_match_the_table(q, df, want):
     assert stats.t_two_sided_p(stats.t_ppf(q, df), df) == pytest.approx(2 * min(q, 1 - q), abs=1e-10)
 
 
-def test_t_p_values_beta_and_binomial_hand_values():
+def test_t_p_values_and_binomial_hand_values():
     assert stats.t_two_sided_p(2.776445105, 4) == pytest.approx(0.05, abs=1e-8)
     assert stats.t_two_sided_p(0.0, 3) == pytest.approx(1.0)
     assert stats.t_two_sided_p(1.0, 1) == pytest.approx(0.5)  # Cauchy: P(|T| >= 1) = 1/2

@@ -55,7 +55,7 @@ def _contrast(c, data: dict) -> dict:
     arms = [a for a, w in c.weights if w]
     seeds = [s for s in c.seeds if all(s in data.get(a, {}) for a in arms)]
     values = [math.fsum(w * data[a][s]["after"] for a, w in c.weights if w) for s in seeds]
-    t = stats.paired_t(values) if values else stats.paired_t([])
+    t = stats.paired_t(values)
     ci90 = stats.paired_t(values, alpha=0.10)["ci"] if len(values) > 1 else [math.nan, math.nan]
     return {"key": c.key, "what": c.what, "seeds": seeds, "planned": len(c.seeds), "interim": len(seeds) < len(c.seeds),
             "mean": t["mean"], "sd": t["sd"], "p": t["p"], "ci95": t["ci"], "ci90": ci90, "mdd": t["mdd"],
