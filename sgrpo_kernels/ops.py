@@ -22,6 +22,7 @@ from torch import Tensor
 from sgrpo_kernels.backends import HeadOptions, Options, get, resolve
 from sgrpo_kernels.custom_ops import (
     STATS,
+    THRESHOLD,
     Call,
     custom_op,
     linear_backward,
@@ -29,7 +30,10 @@ from sgrpo_kernels.custom_ops import (
     logits_backward,
     logits_setup_context,
     row_stats_fake,
+    split_call,
+    support,
 )
+from sgrpo_kernels.truncation import Sampling, linear_threshold, logits_threshold
 from sgrpo_kernels.validation import (
     check_flag,
     check_global_vocab,
@@ -79,36 +83,38 @@ class LogProbsWithMax(NamedTuple):
 # `check_target_values`: the one name a caller counts or replaces (the trainer's tests count checks per step).
 
 
-@custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", STATS)
-def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *call: object):
+@custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", STATS,
+           keywords=THRESHOLD)
+def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *rest: object):
     """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64
-    inputs). The target check (a host sync) runs in here, where torch.compile does not trace it."""
-    call = Call.unpack(call)
+    inputs). The target check (a host sync) runs in here, where torch.compile does not trace it. `threshold` (N,):
+    the sampler's support (sgrpo_kernels.truncation), or None for the full vocabulary."""
+    call, threshold = split_call(rest)
     if call.check_targets:
         check_target_values(targets, weight.shape[0], call.opts.ignore_index)
-    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts)
+    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts, **support(threshold))
 
 
 @linear_logprobs_fwd.register_fake
-def _(hidden, weight, targets, bias, *call):
-    return row_stats_fake(hidden, Call.unpack(call))
+def _(hidden, weight, targets, bias, *rest):
+    return row_stats_fake(hidden, split_call(rest)[0])
 
 
 torch.library.register_autograd("sgrpo::linear_logprobs_fwd", linear_backward, setup_context=linear_setup_context)
 
 
-@custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", STATS)
-def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
+@custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", STATS, keywords=THRESHOLD)
+def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *rest: object):
     """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64 inputs)."""
-    call = Call.unpack(call)
+    call, threshold = split_call(rest)
     if call.check_targets:
         check_target_values(targets, logits.shape[1], call.opts.ignore_index)
-    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts)
+    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts, **support(threshold))
 
 
 @logprobs_from_logits_fwd.register_fake
-def _(logits, targets, *call):
-    return row_stats_fake(logits, Call.unpack(call))
+def _(logits, targets, *rest):
+    return row_stats_fake(logits, split_call(rest)[0])
 
 
 torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", logits_backward, setup_context=logits_setup_context)
@@ -174,6 +180,9 @@ def linear_logprobs(
     check_targets: bool | None = None,
     process_group=None,
     return_max_logprob: bool = False,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
     **head_options: object,  # temperature=1.0, ignore_index=-100, logit_scale=1.0, softcap=None: HeadOptions
 ) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
@@ -211,9 +220,18 @@ def linear_logprobs(
             ignored rows), forward only (no gradient flows through it): a :class:`LogProbsWithMax`
             ``(logp, entropy, max_logprob)``. Free: it is the forward's own row statistic on every backend. Not
             supported with `process_group` yet.
+        top_k, top_p, min_p: the sampler's support (vLLM's rules and order, docs/ops.md "Sampler support"): each None
+            (off), a Python number, or a tensor of one value per row (the shape of `targets`), so that one batch may
+            mix settings. top_k >= 1 (k >= V keeps all), top_p in (0, 1] (1 keeps all), min_p in [0, 1) (0 keeps
+            all), applied to z after the temperature: min_p, then top_k, then top_p. logp and entropy are those of
+            the distribution renormalized over the kept tokens, to which the target always belongs (it was
+            sampled); the gradients hold the support fixed. Found without (N, V) logits (sgrpo_kernels/support.py).
+            Not with `process_group`, nor on the npu backend, yet. With none of them cutting a token the op is
+            exactly the full-vocabulary op.
     """
     shard = process_group is not None
     check_linear_inputs(hidden, weight, targets, bias, shard=shard)
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, hidden.device)
     head = _fold_scale(HeadOptions.from_kwargs("linear_logprobs", head_options))
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -227,6 +245,8 @@ def linear_logprobs(
             memory_budget=_budget(memory_budget),
         ),
     )
+    if sampling is not None:
+        sampling.refuse_if_unsupported("linear_logprobs", call.backend, shard)
     lead = targets.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
     stats = None
@@ -238,7 +258,8 @@ def linear_logprobs(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        thr = None if sampling is None else linear_threshold(h2, weight, t1, bias, sampling, call)
+        logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack(), threshold=thr)
     return _result(logp, entropy, stats, lead, call.opts, want_max)
 
 
@@ -253,6 +274,9 @@ def logprobs_from_logits(
     check_targets: bool | None = None,
     process_group=None,
     return_max_logprob: bool = False,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
     **head_options: object,  # temperature=1.0, ignore_index=-100 (LOGITS_HEAD_OPTIONS)
 ) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
@@ -274,9 +298,11 @@ def logprobs_from_logits(
             group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
             `inplace_backward` is not supported with it.
         return_max_logprob: as in `linear_logprobs`: a :class:`LogProbsWithMax`, forward only.
+        top_k, top_p, min_p: the sampler's support, as in `linear_logprobs`.
     """
     shard = process_group is not None
     check_logits_inputs(logits, targets, shard=shard)
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, logits.device)
     head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
@@ -296,6 +322,8 @@ def logprobs_from_logits(
             memory_budget=_budget(memory_budget), inplace_backward=inplace_backward,
         ),
     )
+    if sampling is not None:
+        sampling.refuse_if_unsupported("logprobs_from_logits", call.backend, shard)
     lead = targets.shape
     t1 = targets.reshape(-1).long()
     l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
@@ -310,5 +338,6 @@ def logprobs_from_logits(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        thr = None if sampling is None else logits_threshold(l2, t1, sampling, call)
+        logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack(), threshold=thr)
     return _result(logp, entropy, stats, lead, call.opts, want_max)

@@ -1,0 +1,141 @@
+"""The sampler's support inside the ops: `top_k`, `top_p`, `min_p` (vLLM's rules, in its order; docs/ops.md, "Sampler
+support") turned into one per-row logit threshold, which the backends apply to their logits tiles.
+
+Here: the :class:`Sampling` settings of one call (validated, per row), the custom ops `sgrpo::linear_support_threshold`
+and `sgrpo::logits_support_threshold` (opaque to torch.compile: the search in `sgrpo_kernels.support` is data
+dependent), and the refusals (a backend that does not apply a threshold; vocabulary-parallel calls). The threshold is
+found on detached inputs: the support is piecewise constant, so it carries no gradient and the backward holds it
+fixed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sgrpo_kernels.backends import get, stats_dtype
+from sgrpo_kernels.custom_ops import Call, custom_op
+from sgrpo_kernels.support import find_thresholds
+from sgrpo_kernels.validation import check_min_p, check_top_k, check_top_p
+
+__all__ = ["SAMPLER_OPTIONS", "Sampling", "linear_threshold", "logits_threshold"]
+
+SAMPLER_OPTIONS = ("top_k", "top_p", "min_p")
+# a backend that applies a threshold sets this module attribute to True (contract: `threshold=` keyword)
+CAPABILITY = "APPLIES_THRESHOLD"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """One call's sampler settings, validated: each None (off), a Python number, or a flat (N,) tensor."""
+
+    top_k: Tensor | int | None = None
+    top_p: Tensor | float | None = None
+    min_p: Tensor | float | None = None
+
+    @classmethod
+    def from_args(cls, top_k: object, top_p: object, min_p: object, lead: torch.Size, device: torch.device
+                  ) -> Sampling | None:
+        """Validated settings, or None when none of them can cut a token (the ops then run exactly as without)."""
+        out = cls(check_top_k(top_k, lead, device), check_top_p(top_p, lead, device), check_min_p(min_p, lead, device))
+        def off(value: object, noop: float) -> bool:
+            return value is None or (not isinstance(value, Tensor) and value == noop)
+
+        return None if off(out.top_k, math.inf) and off(out.top_p, 1.0) and off(out.min_p, 0.0) else out
+
+    def named(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" if not isinstance(getattr(self, n), Tensor) else f"{n}=<tensor>"
+                         for n in SAMPLER_OPTIONS if getattr(self, n) is not None)
+
+    def refuse_if_unsupported(self, op: str, backend: str, sharded: bool) -> None:
+        if sharded:
+            raise ValueError(f"{op}: {self.named()} (sampler support) is not supported with process_group "
+                             "(vocab-sharded) yet")
+        if not getattr(get(backend), CAPABILITY, False):
+            raise ValueError(f"{op}: the {backend!r} backend does not apply {self.named()} (sampler support) yet; use "
+                             "backend='torch' or 'triton', or leave top_k, top_p and min_p unset")
+
+    def rows(self, n: int, vocab: int, ref: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(top_k int64, top_p, min_p), each (n,) on ref's device; the no-op values where off (k = V, p = 1, 0)."""
+        kw = dict(device=ref.device)
+
+        def full(v, default, dtype):
+            if isinstance(v, Tensor):
+                return v.to(dtype)
+            return torch.full((n,), default if v is None else v, dtype=dtype, **kw)
+
+        k = full(self.top_k, vocab, torch.int64).clamp(max=vocab)
+        return k, full(self.top_p, 1.0, torch.float64), full(self.min_p, 0.0, torch.float64)
+
+
+def _noop_ignored(targets: Tensor, ignore_index: int, k: Tensor, p: Tensor, mp: Tensor, vocab: int):
+    ign = targets == ignore_index
+    return k.masked_fill(ign, vocab), p.masked_fill(ign, 1.0), mp.masked_fill(ign, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ the custom ops
+
+_KPM = "Tensor top_k, Tensor top_p, Tensor min_p"
+
+
+@custom_op("linear_support_threshold", f"Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, {_KPM}", "Tensor")
+def linear_support_threshold(hidden, weight, targets, bias, top_k, top_p, min_p, *call: object) -> Tensor:
+    """(N, D), (V, D), (N,), (V,) | None, per-row settings (N,) -> the threshold (N,) of z = head(h W^T + b) / T, in
+    the statistics dtype (-inf: keep all)."""
+    opts = Call.unpack(call).opts
+    cdt = stats_dtype(hidden.dtype)
+    vocab = weight.shape[0]
+
+    def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
+        x = hidden.index_select(0, rows).to(cdt) @ weight[v0:v1].to(cdt).T
+        if bias is not None:
+            x += bias[v0:v1].to(cdt)
+        if opts.softcap:
+            x.mul_(opts.logit_scale / opts.softcap).tanh_().mul_(opts.softcap)
+        return x.div_(opts.temperature) if opts.temperature != 1.0 else x
+
+    k, p, mp = _noop_ignored(targets, opts.ignore_index, top_k, top_p, min_p, vocab)
+    return find_thresholds(tile, hidden.shape[0], vocab, k, p, mp, dtype=cdt, device=hidden.device,
+                           memory_budget=opts.memory_budget)
+
+
+@linear_support_threshold.register_fake
+def _(hidden, weight, targets, bias, top_k, top_p, min_p, *call):
+    return hidden.new_empty((hidden.shape[0],), dtype=stats_dtype(hidden.dtype))
+
+
+@custom_op("logits_support_threshold", f"Tensor logits, Tensor targets, {_KPM}", "Tensor")
+def logits_support_threshold(logits, targets, top_k, top_p, min_p, *call: object) -> Tensor:
+    """(N, V), (N,), per-row settings (N,) -> the threshold (N,) of z = logits / T in the statistics dtype."""
+    opts = Call.unpack(call).opts
+    cdt = stats_dtype(logits.dtype)
+    vocab = logits.shape[1]
+
+    def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
+        z = logits[:, v0:v1].index_select(0, rows).to(cdt)
+        return z.div_(opts.temperature) if opts.temperature != 1.0 else z
+
+    k, p, mp = _noop_ignored(targets, opts.ignore_index, top_k, top_p, min_p, vocab)
+    return find_thresholds(tile, logits.shape[0], vocab, k, p, mp, dtype=cdt, device=logits.device,
+                           memory_budget=opts.memory_budget)
+
+
+@logits_support_threshold.register_fake
+def _(logits, targets, top_k, top_p, min_p, *call):
+    return logits.new_empty((logits.shape[0],), dtype=stats_dtype(logits.dtype))
+
+
+def linear_threshold(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, sampling: Sampling,
+                     call: Call) -> Tensor:
+    k, p, mp = sampling.rows(hidden.shape[0], weight.shape[0], hidden)
+    return linear_support_threshold(hidden.detach(), weight.detach(), targets, None if bias is None else bias.detach(),
+                                    k, p, mp, *call.pack())
+
+
+def logits_threshold(logits: Tensor, targets: Tensor, sampling: Sampling, call: Call) -> Tensor:
+    k, p, mp = sampling.rows(logits.shape[0], logits.shape[1], logits)
+    return logits_support_threshold(logits.detach(), targets, k, p, mp, *call.pack())
+
