@@ -22,7 +22,6 @@ from sgrpo_kernels.backends import Options, get, stats_dtype
 __all__ = [
     "N_CALL",
     "STATS",
-    "THRESHOLD",
     "Call",
     "custom_op",
     "linear_backward",
@@ -30,8 +29,6 @@ __all__ = [
     "logits_backward",
     "logits_setup_context",
     "row_stats_fake",
-    "split_call",
-    "support",
 ]
 
 
@@ -70,20 +67,10 @@ _CALL_SCHEMA = "str backend, bool check_targets, " + ", ".join(f"{f.type} {f.nam
 STATS = "(Tensor logp, Tensor entropy, Tensor stats)"
 
 
-# the sampler's support (sgrpo_kernels.truncation): a last, optional argument of the forward and backward ops, so that
-# (tensors..., <Call fields>) calls them as they always were; an implementation receives it only when it is given
-THRESHOLD = "Tensor? threshold=None"
-
-
-def split_call(rest: tuple) -> tuple[Call, Tensor | None]:
-    """An op implementation's arguments after its tensors: (the Call, the threshold or None)."""
-    return Call.unpack(rest[:N_CALL]), (rest[N_CALL] if len(rest) > N_CALL else None)
-
-
-def custom_op(name: str, tensors: str, returns: str, mutates: tuple[str, ...] = (), keywords: str = ""):
-    """Decorator: a custom op `sgrpo::name(tensors..., <Call fields>[, keywords]) -> returns`, the Call fields' part
-    of the schema generated from their dataclass fields."""
-    schema = f"({tensors}, {_CALL_SCHEMA}{', ' + keywords if keywords else ''}) -> {returns}"
+def custom_op(name: str, tensors: str, returns: str, mutates: tuple[str, ...] = ()):
+    """Decorator: a custom op `sgrpo::name(tensors..., <Call fields>) -> returns`, the Call fields' part of the schema
+    generated from their dataclass fields."""
+    schema = f"({tensors}, {_CALL_SCHEMA}) -> {returns}"
     return lambda fn: torch.library.custom_op(f"sgrpo::{name}", fn, mutates_args=mutates, schema=schema)
 
 
@@ -95,12 +82,6 @@ def row_stats_fake(ref: Tensor, call: Call) -> tuple[Tensor, Tensor, Tensor]:
         ref.new_empty((n if call.opts.return_entropy else 0,), **kw),
         ref.new_empty((2, n if call.opts.need_stats else 0), **kw),
     )
-
-
-def support(threshold: Tensor | None) -> dict[str, Tensor]:
-    """The backend keyword of the sampler's support: `threshold=` only when there is one, so that a call without it is
-    exactly the call the backends have always received."""
-    return {} if threshold is None else {"threshold": threshold}
 
 
 def _upstream(grad_logp: Tensor, grad_entropy: Tensor | None, stats: Tensor, entropy: Tensor, call: Call):
@@ -124,22 +105,21 @@ def _check_saved(stats: Tensor, n: int, op: str) -> None:
     "Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor stats, "
     "Tensor? entropy",
     "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)",
-    keywords=THRESHOLD,
 )
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *rest: object):
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call: object):
     """-> grad_hidden (N, D), grad_weight (V, D), grad_bias (V,); a gradient that is not needed (no bias, or
     need_grad_* False) comes back as an empty (0,) tensor."""
-    call, threshold = split_call(rest)
+    call = Call.unpack(call)
     opts = call.opts
     grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats,
-                                                  entropy, opts, **support(threshold))
+                                                  entropy, opts)
     wanted = (opts.need_grad_hidden, opts.need_grad_weight, opts.need_grad_weight and bias is not None)
     return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
 
 
 @linear_logprobs_bwd.register_fake
-def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *rest):
-    opts = split_call(rest)[0].opts
+def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *call):
+    opts = Call.unpack(call).opts
 
     def like(t, wanted):
         return torch.empty_like(t) if (wanted and t is not None) else hidden.new_empty((0,))
@@ -149,24 +129,22 @@ def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, *r
 
 def linear_setup_context(ctx, inputs, output):
     """`sgrpo::linear_logprobs_fwd`'s autograd: what the backward needs, the Call unpacked once."""
-    hidden, weight, targets, bias, *rest = inputs
-    call, threshold = split_call(tuple(rest))
+    hidden, weight, targets, bias, *call = inputs
     _, entropy, stats = output
-    ctx.save_for_backward(hidden, weight, targets, bias, stats, entropy, threshold)
-    ctx.call = call
+    ctx.save_for_backward(hidden, weight, targets, bias, stats, entropy)
+    ctx.call = Call.unpack(tuple(call))
     ctx.has_bias = bias is not None
 
 
 def linear_backward(ctx, grad_logp, grad_entropy, _grad_stats):
-    hidden, weight, targets, bias, stats, entropy, threshold = ctx.saved_tensors
+    hidden, weight, targets, bias, stats, entropy = ctx.saved_tensors
     _check_saved(stats, hidden.shape[0], "linear_logprobs")
     need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
     need_b = ctx.has_bias and need_b
     call = ctx.call.for_backward(need_grad_hidden=need_h, need_grad_weight=need_w or need_b)
     g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
-    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, stats, ent, *call.pack(),
-                                     threshold=threshold)
-    return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None) + (None,) * (N_CALL + 1)
+    gh, gw, gb = linear_logprobs_bwd(g_logp, g_ent, hidden, weight, targets, bias, stats, ent, *call.pack())
+    return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None) + (None,) * N_CALL
 
 
 # --------------------------------------------------------------------------------------------- logprobs_from_logits
@@ -175,52 +153,49 @@ _LOGITS_BWD_TENSORS = ("Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits,
                        "Tensor? entropy")
 
 
-@custom_op("logprobs_from_logits_bwd", _LOGITS_BWD_TENSORS.format(""), "Tensor", keywords=THRESHOLD)
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, *rest: object):
+@custom_op("logprobs_from_logits_bwd", _LOGITS_BWD_TENSORS.format(""), "Tensor")
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object):
     """-> grad_logits (N, V) in a new buffer."""
-    call, threshold = split_call(rest)
+    call = Call.unpack(call)
     return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy,
-                                                      call.opts, **support(threshold))
+                                                      call.opts)
 
 
 @logprobs_from_logits_bwd.register_fake
-def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *rest):
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
     return torch.empty_like(logits)
 
 
-@custom_op("logprobs_from_logits_bwd_", _LOGITS_BWD_TENSORS.format("(a!)"), "()", mutates=("logits",),
-           keywords=THRESHOLD)
-def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, stats, entropy, *rest: object) -> None:
+@custom_op("logprobs_from_logits_bwd_", _LOGITS_BWD_TENSORS.format("(a!)"), "()", mutates=("logits",))
+def logprobs_from_logits_bwd_(grad_logp, grad_entropy, logits, targets, stats, entropy, *call: object) -> None:
     """In-place variant (call.opts.inplace_backward): overwrites `logits` with grad_logits chunk by chunk, no second
     (N, V) buffer."""
-    call, threshold = split_call(rest)
-    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, call.opts,
-                                               **support(threshold))
+    call = Call.unpack(call)
+    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, call.opts)
 
 
 @logprobs_from_logits_bwd_.register_fake
-def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *rest):
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, *call):
     return None
 
 
 def logits_setup_context(ctx, inputs, output):
     """`sgrpo::logprobs_from_logits_fwd`'s autograd: what the backward needs, the Call unpacked once."""
-    logits, targets, *rest = inputs
-    call, threshold = split_call(tuple(rest))
+    logits, targets, *call = inputs
     _, entropy, stats = output
-    ctx.save_for_backward(logits, targets, stats, entropy, threshold)
-    ctx.call = call
+    ctx.save_for_backward(logits, targets, stats, entropy)
+    ctx.call = Call.unpack(tuple(call))
 
 
 def logits_backward(ctx, grad_logp, grad_entropy, _grad_stats):
-    logits, targets, stats, entropy, threshold = ctx.saved_tensors
+    logits, targets, stats, entropy = ctx.saved_tensors
     _check_saved(stats, logits.shape[0], "logprobs_from_logits")
     call = ctx.call.for_backward()
     g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
     args = (g_logp, g_ent, logits, targets, stats, ent, *call.pack())
     if call.opts.inplace_backward:
-        logprobs_from_logits_bwd_(*args, threshold=threshold)
+        logprobs_from_logits_bwd_(*args)
         grad = logits
     else:
-        grad = logprobs_from_logits_bwd(*args, threshold=threshold)
-    return (grad, None) + (None,) * (N_CALL + 1)
+        grad = logprobs_from_logits_bwd(*args)
+    return (grad, None) + (None,) * N_CALL

@@ -22,7 +22,6 @@ from torch import Tensor
 from sgrpo_kernels.backends import HeadOptions, Options, get, resolve
 from sgrpo_kernels.custom_ops import (
     STATS,
-    THRESHOLD,
     Call,
     custom_op,
     linear_backward,
@@ -30,10 +29,16 @@ from sgrpo_kernels.custom_ops import (
     logits_backward,
     logits_setup_context,
     row_stats_fake,
-    split_call,
-    support,
 )
-from sgrpo_kernels.truncation import Sampling, linear_threshold, logits_threshold
+from sgrpo_kernels.truncation import (
+    Sampling,
+    linear_support_backward,
+    linear_support_setup_context,
+    linear_threshold,
+    logits_support_backward,
+    logits_support_setup_context,
+    logits_threshold,
+)
 from sgrpo_kernels.validation import (
     check_flag,
     check_global_vocab,
@@ -83,41 +88,82 @@ class LogProbsWithMax(NamedTuple):
 # `check_target_values`: the one name a caller counts or replaces (the trainer's tests count checks per step).
 
 
-@custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", STATS,
-           keywords=THRESHOLD)
-def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *rest: object):
+@custom_op("linear_logprobs_fwd", "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias", STATS)
+def linear_logprobs_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None, *call: object):
     """(N, D), (V, D), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64
-    inputs). The target check (a host sync) runs in here, where torch.compile does not trace it. `threshold` (N,):
-    the sampler's support (sgrpo_kernels.truncation), or None for the full vocabulary."""
-    call, threshold = split_call(rest)
+    inputs). The target check (a host sync) runs in here, where torch.compile does not trace it."""
+    call = Call.unpack(call)
     if call.check_targets:
         check_target_values(targets, weight.shape[0], call.opts.ignore_index)
-    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts, **support(threshold))
+    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts)
 
 
 @linear_logprobs_fwd.register_fake
-def _(hidden, weight, targets, bias, *rest):
-    return row_stats_fake(hidden, split_call(rest)[0])
+def _(hidden, weight, targets, bias, *call):
+    return row_stats_fake(hidden, Call.unpack(call))
 
 
 torch.library.register_autograd("sgrpo::linear_logprobs_fwd", linear_backward, setup_context=linear_setup_context)
 
 
-@custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", STATS, keywords=THRESHOLD)
-def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *rest: object):
+@custom_op("logprobs_from_logits_fwd", "Tensor logits, Tensor targets", STATS)
+def logprobs_from_logits_fwd(logits: Tensor, targets: Tensor, *call: object):
     """(N, V), (N,) -> logp (N,), entropy (N,) or (0,), stats (2, N) or (2, 0); fp32 (fp64 for fp64 inputs)."""
-    call, threshold = split_call(rest)
+    call = Call.unpack(call)
     if call.check_targets:
         check_target_values(targets, logits.shape[1], call.opts.ignore_index)
-    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts, **support(threshold))
+    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts)
 
 
 @logprobs_from_logits_fwd.register_fake
-def _(logits, targets, *rest):
-    return row_stats_fake(logits, split_call(rest)[0])
+def _(logits, targets, *call):
+    return row_stats_fake(logits, Call.unpack(call))
 
 
 torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", logits_backward, setup_context=logits_setup_context)
+
+
+# The sampler's support (top_k / top_p / min_p): the same forwards with the per-row threshold of
+# `sgrpo_kernels.truncation` as one more input (their backwards and autograd: that module). Ops of their own, so that
+# the schemas above stay what they were.
+
+
+@custom_op("linear_logprobs_support_fwd",
+           "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor threshold", STATS)
+def linear_logprobs_support_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None,
+                                threshold: Tensor, *call: object):
+    """`linear_logprobs_fwd` over the tokens z_j >= threshold[row] (and the row's target)."""
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, weight.shape[0], call.opts.ignore_index)
+    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts, threshold=threshold)
+
+
+@linear_logprobs_support_fwd.register_fake
+def _(hidden, weight, targets, bias, threshold, *call):
+    return row_stats_fake(hidden, Call.unpack(call))
+
+
+torch.library.register_autograd("sgrpo::linear_logprobs_support_fwd", linear_support_backward,
+                                setup_context=linear_support_setup_context)
+
+
+@custom_op("logprobs_from_logits_support_fwd", "Tensor logits, Tensor targets, Tensor threshold", STATS)
+def logprobs_from_logits_support_fwd(logits: Tensor, targets: Tensor, threshold: Tensor, *call: object):
+    """`logprobs_from_logits_fwd` over the tokens z_j >= threshold[row] (and the row's target)."""
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, logits.shape[1], call.opts.ignore_index)
+    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts, threshold=threshold)
+
+
+@logprobs_from_logits_support_fwd.register_fake
+def _(logits, targets, threshold, *call):
+    return row_stats_fake(logits, Call.unpack(call))
+
+
+torch.library.register_autograd("sgrpo::logprobs_from_logits_support_fwd", logits_support_backward,
+                                setup_context=logits_support_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------- public API
@@ -258,8 +304,11 @@ def linear_logprobs(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
-        thr = None if sampling is None else linear_threshold(h2, weight, t1, bias, sampling, call)
-        logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack(), threshold=thr)
+        if sampling is None:
+            logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        else:
+            thr = linear_threshold(h2, weight, t1, bias, sampling, call)
+            logp, entropy, stats = linear_logprobs_support_fwd(h2, weight, t1, bias, thr, *call.pack())
     return _result(logp, entropy, stats, lead, call.opts, want_max)
 
 
@@ -338,6 +387,9 @@ def logprobs_from_logits(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
-        thr = None if sampling is None else logits_threshold(l2, t1, sampling, call)
-        logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack(), threshold=thr)
+        if sampling is None:
+            logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        else:
+            thr = logits_threshold(l2, t1, sampling, call)
+            logp, entropy, stats = logprobs_from_logits_support_fwd(l2, t1, thr, *call.pack())
     return _result(logp, entropy, stats, lead, call.opts, want_max)

@@ -39,7 +39,8 @@ __all__ = ["BINS", "GATHER", "TOP_C", "find_thresholds"]
 TOP_C = 64  # the running top list of pass 1 (raised to k + 1 for top_k up to MAX_C)
 MAX_C = 1024
 BINS = 256  # bins per search pass
-GATHER = 4096  # most tokens a bin may hold to be gathered exactly
+GATHER = 4096  # most tokens a bin may hold to be gathered exactly (V / 8 for small vocabularies: O(N) memory stays
+# below (N, V) at any V)
 MAX_PASSES = 64  # a safety bound; each search pass narrows the range B-fold, so real rows need a handful
 _TILE_TEMPS = 6  # (rows x chunk) temporaries of a pass, in compute dtype
 DEFAULT_MEMORY_BUDGET = 128 * 2**20
@@ -198,10 +199,10 @@ def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tenso
         c, b_lo, b_hi = cnt.gather(1, ii).squeeze(1), bmin.gather(1, ii).squeeze(1), bmax.gather(1, ii).squeeze(1)
         val = torch.where(nothing, a, torch.where(at_top, b, b_hi))
         done = nothing | at_top | (b_lo == b_hi)  # (a bin of equal values: that value)
-        gather = ~done & (c <= GATHER)
+        gather = ~done & (c <= _gather_cap(srch.vocab))
         if bool(gather.any()):
             g = torch.nonzero(gather).squeeze(1)
-            base = f.gather(1, (i[g] + 1).unsqueeze(1)).squeeze(1)  # F(>= the bin's top edge)
+            base = f[g].gather(1, (i[g] + 1).unsqueeze(1)).squeeze(1)  # F(>= the bin's top edge)
             cands = _gather_bin(srch, r[g], a[g], b[g], inv_w[g], i[g])
             v, found = _resolve_sorted(cands, torch.full_like(base, -math.inf), tg[g], None if mr is None else mr[g],
                                        base)
@@ -215,20 +216,24 @@ def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tenso
 
 
 def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, inv_w: Tensor, which: Tensor) -> Tensor:
-    """The values of bin `which` of each row, sorted descending, padded with -inf: (r, GATHER)."""
-    n = rows.numel()
-    buf = torch.full((n, GATHER + 1), -math.inf, device=lo.device, dtype=lo.dtype)  # the last column: overflow
+    """The values of bin `which` of each row, sorted descending, padded with -inf: (r, cap)."""
+    n, cap = rows.numel(), _gather_cap(srch.vocab)
+    buf = torch.full((n, cap + 1), -math.inf, device=lo.device, dtype=lo.dtype)  # the last column: overflow
     fill = torch.zeros(n, device=lo.device, dtype=torch.int64)
 
     def fn(sl: slice, z: Tensor) -> None:
         hit = _bin_index(z, lo[sl], hi[sl], inv_w[sl]) == which[sl].unsqueeze(1)
-        pos = (torch.cumsum(hit, 1) - 1 + fill[sl].unsqueeze(1)).clamp_(max=GATHER)
-        pos.masked_fill_(~hit, GATHER)
+        pos = (torch.cumsum(hit, 1) - 1 + fill[sl].unsqueeze(1)).clamp_(max=cap)
+        pos.masked_fill_(~hit, cap)
         buf[sl].scatter_reduce_(1, pos, z.masked_fill(~hit, -math.inf), "amax")
         fill[sl] += hit.sum(1)
 
     srch.sweep(rows, fn)
-    return buf[:, :GATHER].sort(1, descending=True).values
+    return buf[:, :cap].sort(1, descending=True).values
+
+
+def _gather_cap(vocab: int) -> int:
+    return min(GATHER, max(TOP_C, vocab // 8))
 
 
 # -------------------------------------------------------------------------------------------------------- the API

@@ -3,9 +3,10 @@ support") turned into one per-row logit threshold, which the backends apply to t
 
 Here: the :class:`Sampling` settings of one call (validated, per row), the custom ops `sgrpo::linear_support_threshold`
 and `sgrpo::logits_support_threshold` (opaque to torch.compile: the search in `sgrpo_kernels.support` is data
-dependent), and the refusals (a backend that does not apply a threshold; vocabulary-parallel calls). The threshold is
-found on detached inputs: the support is piecewise constant, so it carries no gradient and the backward holds it
-fixed.
+dependent), the backward ops and autograd of the support forwards (`sgrpo::*_support_fwd`, in sgrpo_kernels.ops next
+to the other forwards), and the refusals (a backend that does not apply a threshold; vocabulary-parallel calls). The
+threshold is found on detached inputs: the support is piecewise constant, so it carries no gradient and the backward
+holds it fixed.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import torch
 from torch import Tensor
 
 from sgrpo_kernels.backends import get, stats_dtype
-from sgrpo_kernels.custom_ops import Call, custom_op
+from sgrpo_kernels.custom_ops import N_CALL, Call, _check_saved, _upstream, custom_op
 from sgrpo_kernels.support import find_thresholds
-from sgrpo_kernels.validation import check_min_p, check_top_k, check_top_p
+from sgrpo_kernels.validation import check_min_p, check_sampler_values, check_top_k, check_top_p
 
-__all__ = ["SAMPLER_OPTIONS", "Sampling", "linear_threshold", "logits_threshold"]
+__all__ = ["SAMPLER_OPTIONS", "Sampling", "linear_support_backward", "linear_support_setup_context", "linear_threshold",
+           "logits_support_backward", "logits_support_setup_context", "logits_threshold"]
 
 SAMPLER_OPTIONS = ("top_k", "top_p", "min_p")
 # a backend that applies a threshold sets this module attribute to True (contract: `threshold=` keyword)
@@ -54,7 +56,7 @@ class Sampling:
         if sharded:
             raise ValueError(f"{op}: {self.named()} (sampler support) is not supported with process_group "
                              "(vocab-sharded) yet")
-        if not getattr(get(backend), CAPABILITY, False):
+        if not applies_threshold(backend):
             raise ValueError(f"{op}: the {backend!r} backend does not apply {self.named()} (sampler support) yet; use "
                              "backend='torch' or 'triton', or leave top_k, top_p and min_p unset")
 
@@ -67,11 +69,20 @@ class Sampling:
                 return v.to(dtype)
             return torch.full((n,), default if v is None else v, dtype=dtype, **kw)
 
-        k = full(self.top_k, vocab, torch.int64).clamp(max=vocab)
+        k = full(self.top_k, vocab, torch.int64)
         return k, full(self.top_p, 1.0, torch.float64), full(self.min_p, 0.0, torch.float64)
 
 
+@torch.compiler.assume_constant_result
+def applies_threshold(backend: str) -> bool:
+    """Whether the backend applies the sampler's threshold (a constant of the backend: not traced by torch.compile)."""
+    return bool(getattr(get(backend), CAPABILITY, False))
+
+
 def _noop_ignored(targets: Tensor, ignore_index: int, k: Tensor, p: Tensor, mp: Tensor, vocab: int):
+    """The per-row values checked (here, where torch.compile does not trace the host sync), then the no-op values on
+    ignored rows."""
+    check_sampler_values(k, p, mp)
     ign = targets == ignore_index
     return k.masked_fill(ign, vocab), p.masked_fill(ign, 1.0), mp.masked_fill(ign, 0.0)
 
@@ -139,3 +150,104 @@ def logits_threshold(logits: Tensor, targets: Tensor, sampling: Sampling, call: 
     k, p, mp = sampling.rows(logits.shape[0], logits.shape[1], logits)
     return logits_support_threshold(logits.detach(), targets, k, p, mp, *call.pack())
 
+
+
+# ------------------------------------------------------------------------- the backwards of the support forwards
+# (the forwards, `sgrpo::linear_logprobs_support_fwd` and `sgrpo::logprobs_from_logits_support_fwd`, are defined in
+# sgrpo_kernels.ops next to the other forwards; these mirror sgrpo_kernels.custom_ops with the threshold added)
+
+_LIN_BWD = ("Tensor grad_logp, Tensor? grad_entropy, Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, "
+            "Tensor stats, Tensor? entropy, Tensor threshold")
+_LOG_BWD = ("Tensor grad_logp, Tensor? grad_entropy, Tensor{} logits, Tensor targets, Tensor stats, Tensor? entropy, "
+            "Tensor threshold")
+
+
+@custom_op("linear_logprobs_support_bwd", _LIN_BWD, "(Tensor grad_hidden, Tensor grad_weight, Tensor grad_bias)")
+def linear_logprobs_support_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, threshold,
+                                *call: object):
+    """As sgrpo::linear_logprobs_bwd, over the support held fixed at `threshold`."""
+    call = Call.unpack(call)
+    opts = call.opts
+    grads = get(call.backend).linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats,
+                                                  entropy, opts, threshold=threshold)
+    wanted = (opts.need_grad_hidden, opts.need_grad_weight, opts.need_grad_weight and bias is not None)
+    return tuple(g if (w and g is not None) else hidden.new_empty((0,)) for g, w in zip(grads, wanted))
+
+
+@linear_logprobs_support_bwd.register_fake
+def _(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, threshold, *call):
+    opts = Call.unpack(call).opts
+
+    def like(t, wanted):
+        return torch.empty_like(t) if (wanted and t is not None) else hidden.new_empty((0,))
+
+    return like(hidden, opts.need_grad_hidden), like(weight, opts.need_grad_weight), like(bias, opts.need_grad_weight)
+
+
+def linear_support_setup_context(ctx, inputs, output):
+    hidden, weight, targets, bias, threshold, *call = inputs
+    _, entropy, stats = output
+    ctx.save_for_backward(hidden, weight, targets, bias, stats, entropy, threshold)
+    ctx.call = Call.unpack(tuple(call))
+    ctx.has_bias = bias is not None
+
+
+def linear_support_backward(ctx, grad_logp, grad_entropy, _grad_stats):
+    hidden, weight, targets, bias, stats, entropy, threshold = ctx.saved_tensors
+    _check_saved(stats, hidden.shape[0], "linear_logprobs")
+    need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+    need_b = ctx.has_bias and need_b
+    call = ctx.call.for_backward(need_grad_hidden=need_h, need_grad_weight=need_w or need_b)
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
+    gh, gw, gb = linear_logprobs_support_bwd(g_logp, g_ent, hidden, weight, targets, bias, stats, ent, threshold,
+                                             *call.pack())
+    return (gh if need_h else None, gw if need_w else None, None, gb if need_b else None, None) + (None,) * N_CALL
+
+
+@custom_op("logprobs_from_logits_support_bwd", _LOG_BWD.format(""), "Tensor")
+def logprobs_from_logits_support_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, threshold,
+                                     *call: object):
+    """-> grad_logits (N, V) in a new buffer, over the support held fixed at `threshold`."""
+    call = Call.unpack(call)
+    return get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy,
+                                                      call.opts, threshold=threshold)
+
+
+@logprobs_from_logits_support_bwd.register_fake
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, threshold, *call):
+    return torch.empty_like(logits)
+
+
+@custom_op("logprobs_from_logits_support_bwd_", _LOG_BWD.format("(a!)"), "()", mutates=("logits",))
+def logprobs_from_logits_support_bwd_(grad_logp, grad_entropy, logits, targets, stats, entropy, threshold,
+                                      *call: object) -> None:
+    """In-place variant (inplace_backward): grad_logits written over `logits`."""
+    call = Call.unpack(call)
+    get(call.backend).logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, call.opts,
+                                               threshold=threshold)
+
+
+@logprobs_from_logits_support_bwd_.register_fake
+def _(grad_logp, grad_entropy, logits, targets, stats, entropy, threshold, *call):
+    return None
+
+
+def logits_support_setup_context(ctx, inputs, output):
+    logits, targets, threshold, *call = inputs
+    _, entropy, stats = output
+    ctx.save_for_backward(logits, targets, stats, entropy, threshold)
+    ctx.call = Call.unpack(tuple(call))
+
+
+def logits_support_backward(ctx, grad_logp, grad_entropy, _grad_stats):
+    logits, targets, stats, entropy, threshold = ctx.saved_tensors
+    _check_saved(stats, logits.shape[0], "logprobs_from_logits")
+    call = ctx.call.for_backward()
+    g_logp, g_ent, ent = _upstream(grad_logp, grad_entropy, stats, entropy, call)
+    args = (g_logp, g_ent, logits, targets, stats, ent, threshold, *call.pack())
+    if call.opts.inplace_backward:
+        logprobs_from_logits_support_bwd_(*args)
+        grad = logits
+    else:
+        grad = logprobs_from_logits_support_bwd(*args)
+    return (grad, None, None) + (None,) * N_CALL

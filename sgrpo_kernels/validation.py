@@ -334,14 +334,13 @@ def _sampler_bad(name: str, values: Tensor, bad: Tensor, accepted: str) -> None:
 
 
 def check_top_k(top_k: object, lead: torch.Size, device: torch.device) -> Tensor | int | None:
-    """vLLM's top_k: None (off), a Python int >= 1, or an integer tensor of the input's leading shape with values
-    >= 1 (flattened; one host sync for the value check). k >= V keeps every token."""
+    """vLLM's top_k: None (off), a Python int >= 1, or an integer tensor of the input's leading shape (flattened; its
+    values are checked by :func:`check_sampler_values` where the search runs, outside torch.compile's graph). k >= V
+    keeps every token."""
     if top_k is None:
         return None
     if isinstance(top_k, Tensor):
-        flat = _sampler_tensor("top_k", top_k, lead, device, integer=True)
-        _sampler_bad("top_k", flat, flat < 1, "an integer >= 1 (k >= V keeps every token)")
-        return flat
+        return _sampler_tensor("top_k", top_k, lead, device, integer=True)
     if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
         raise TypeError(f"top_k must be None, a Python int >= 1 or an integer tensor, got {type(top_k).__name__} "
                         f"{top_k!r}")
@@ -350,17 +349,29 @@ def check_top_k(top_k: object, lead: torch.Size, device: torch.device) -> Tensor
     return int(top_k)
 
 
+def _interval(low_open: bool, high_open: bool) -> str:
+    return f"in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+
+
+def _bad_probability(x: Tensor, low_open: bool, high_open: bool) -> Tensor:
+    low = (x <= 0) if low_open else (x < 0)
+    return ~torch.isfinite(x) | low | ((x >= 1) if high_open else (x > 1))
+
+
+def check_sampler_values(top_k: Tensor, top_p: Tensor, min_p: Tensor) -> None:
+    """The values of per-row settings (one host sync): top_k >= 1, top_p in (0, 1], min_p in [0, 1)."""
+    _sampler_bad("top_k", top_k, top_k < 1, "an integer >= 1 (k >= V keeps every token)")
+    _sampler_bad("top_p", top_p, _bad_probability(top_p, True, False), _interval(True, False))
+    _sampler_bad("min_p", min_p, _bad_probability(min_p, False, True), _interval(False, True))
+
+
 def _check_probability(name: str, value: object, lead: torch.Size, device: torch.device, low_open: bool,
                        high_open: bool) -> Tensor | float | None:
-    accepted = f"in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+    accepted = _interval(low_open, high_open)
     if value is None:
         return None
     if isinstance(value, Tensor):
-        flat = _sampler_tensor(name, value, lead, device, integer=False)
-        low = (flat <= 0) if low_open else (flat < 0)
-        bad = ~torch.isfinite(flat) | low | ((flat >= 1) if high_open else (flat > 1))
-        _sampler_bad(name, flat, bad, accepted)
-        return flat
+        return _sampler_tensor(name, value, lead, device, integer=False)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be None, a Python float {accepted} or a floating tensor, got "
                         f"{type(value).__name__} {value!r}")
