@@ -77,8 +77,8 @@ class _Search:
     def full(self, n: int, value: float) -> Tensor:
         return torch.full((n,), value, device=self.device, dtype=self.dtype)
 
-    # -- pass 1: row max, sum exp(z - m), smallest finite value, top-C list
-    def first_pass(self, rows: Tensor, c: int):
+    # -- pass 1: row max, sum exp(z - m) (when `with_sum`), smallest finite value, top-C list
+    def first_pass(self, rows: Tensor, c: int, with_sum: bool = True):
         n = rows.numel()
         m, s, zmin = self.full(n, -math.inf), self.full(n, 0.0), self.full(n, math.inf)
         tops: dict[int, Tensor] = {}  # row-block start -> its running top list
@@ -88,9 +88,13 @@ class _Search:
             m_new = torch.maximum(m_old, z.amax(1))
             shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             scale = torch.where(m_old == m_new, torch.ones_like(m_old), torch.exp(m_old - shift))
-            s[sl] = s[sl] * scale + torch.exp(z - shift.unsqueeze(1)).sum(1)
+            if with_sum:
+                s[sl] = s[sl] * scale + torch.exp(z - shift.unsqueeze(1)).sum(1)
             m[sl] = m_new
-            zmin[sl] = torch.minimum(zmin[sl], torch.where(torch.isfinite(z), z, math.inf).amin(1))
+            low = z.amin(1)
+            if bool(torch.isinf(low).any()):  # -inf logits (masked vocabulary): the smallest finite one
+                low = torch.where(torch.isfinite(z), z, math.inf).amin(1)
+            zmin[sl] = torch.minimum(zmin[sl], low)
             prev = tops.get(sl.start)
             both = z if prev is None else torch.cat((prev, z), 1)
             tops[sl.start] = torch.topk(both, min(c, both.shape[1]), dim=1).values
@@ -151,14 +155,14 @@ def _next_below(vals: Tensor, t: Tensor, complete: Tensor) -> tuple[Tensor, Tens
 # ------------------------------------------------------------------------------------------------- the bin search
 
 
-def _bin_index(z: Tensor, lo: Tensor, hi: Tensor, inv_w: Tensor) -> Tensor:
-    """Bin of each value: [lo, hi) split into BINS equal bins (0 .. BINS-1), z >= hi -> BINS, z < lo -> BINS + 1."""
-    b = ((z - lo.unsqueeze(1)) * inv_w.unsqueeze(1)).floor_().clamp_(0, BINS - 1).to(torch.int64)
-    b.masked_fill_(z >= hi.unsqueeze(1), BINS)
-    return b.masked_fill_(z < lo.unsqueeze(1), BINS + 1)
+def _bin_index(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
+    """Bin of each value, a monotone map: 0 below lo, 1 .. BINS across [lo, hi) (BINS equal bins, up to rounding),
+    BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map."""
+    u = torch.addcmul((1.0 - lo * inv_w).unsqueeze(1), z, inv_w.unsqueeze(1))
+    return u.clamp_(0, BINS + 1).to(torch.int64)
 
 
-def _histogram(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, inv_w: Tensor, m: Tensor | None):
+def _histogram(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, m: Tensor | None):
     """One pass: per row and bin (BINS + 2 columns, see _bin_index) the count, the mass exp(z - m) (the count again
     without m), the largest and the smallest value."""
     cnt = torch.zeros((rows.numel(), BINS + 2), device=lo.device, dtype=lo.dtype)
@@ -166,7 +170,7 @@ def _histogram(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, inv_w: Tenso
     bmax, bmin = torch.full_like(cnt, -math.inf), torch.full_like(cnt, math.inf)
 
     def fn(sl: slice, z: Tensor) -> None:
-        b = _bin_index(z, lo[sl], hi[sl], inv_w[sl])
+        b = _bin_index(z, lo[sl], inv_w[sl])
         cnt[sl].scatter_add_(1, b, torch.ones_like(z))
         if m is not None:
             mass[sl].scatter_add_(1, b, torch.exp(z - m[sl].unsqueeze(1)))
@@ -177,56 +181,68 @@ def _histogram(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, inv_w: Tenso
     return cnt, mass, bmax, bmin
 
 
-def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tensor, m: Tensor | None) -> Tensor:
+def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tensor, m: Tensor | None
+              ) -> tuple[Tensor, Tensor, Tensor]:
     """Per row, the largest value v >= lo with F(>= v) >= target (F: count of values, or their mass exp(z - m) when m
-    is given, counting values >= lo only), or lo when F(>= lo) < target; hi = the row max."""
-    out, lo, hi = lo.clone(), lo.clone(), hi.clone()
+    is given, counting values >= lo only), or lo when F(>= lo) < target; hi = the row max.
+    -> (v, the largest value below v, whether that one is known from the passes made)."""
+    out, nxt, known = lo.clone(), torch.full_like(lo, -math.inf), torch.zeros_like(lo, dtype=torch.bool)
+    lo, hi = lo.clone(), hi.clone()
     todo = torch.arange(rows.numel(), device=lo.device)
     tiny = torch.finfo(lo.dtype).tiny
+    cols = torch.arange(BINS + 2, device=lo.device)
     for _ in range(MAX_PASSES):
         if todo.numel() == 0:
-            return out
+            return out, nxt, known
         r, a, b, tg = rows[todo], lo[todo], hi[todo], target[todo]
         mr = m[todo] if m is not None else None
         inv_w = BINS / (b - a).clamp(min=tiny)
         inv_w = torch.where((b > a) & torch.isfinite(inv_w), inv_w, torch.zeros_like(inv_w))
-        cnt, mass, bmax, bmin = _histogram(srch, r, a, b, inv_w, mr)
-        f = mass[:, : BINS + 1].flip(1).cumsum(1).flip(1)  # F(>= edge_i); edge_BINS = hi
-        nothing = f[:, 0] < tg
-        i = ((f >= tg.unsqueeze(1)).sum(1) - 1).clamp(min=0)  # the bin holding the threshold
-        at_top = i == BINS  # F(>= hi) >= target: hi itself (the row max, or the top of the previous bin)
-        ii = i.unsqueeze(1)
-        c, b_lo, b_hi = cnt.gather(1, ii).squeeze(1), bmin.gather(1, ii).squeeze(1), bmax.gather(1, ii).squeeze(1)
+        cnt, mass, bmax, bmin = _histogram(srch, r, a, inv_w, mr)
+        f = mass[:, 1:].flip(1).cumsum(1).flip(1)  # f[:, j - 1] = F(values in bins >= j), bins 1 .. BINS + 1
+        j = (f >= tg.unsqueeze(1)).sum(1)  # the bin holding the threshold (0: F(>= lo) < target)
+        nothing, at_top = j == 0, j == BINS + 1  # lo itself; hi itself (the row max, or the previous bin's top)
+        jj = j.unsqueeze(1)
+        c, b_lo, b_hi = cnt.gather(1, jj).squeeze(1), bmin.gather(1, jj).squeeze(1), bmax.gather(1, jj).squeeze(1)
         val = torch.where(nothing, a, torch.where(at_top, b, b_hi))
         done = nothing | at_top | (b_lo == b_hi)  # (a bin of equal values: that value)
         gather = ~done & (c <= _gather_cap(srch.vocab))
+        below = torch.where(cols < jj, bmax, -math.inf)  # the bins under the threshold's
         if bool(gather.any()):
             g = torch.nonzero(gather).squeeze(1)
-            base = f[g].gather(1, (i[g] + 1).unsqueeze(1)).squeeze(1)  # F(>= the bin's top edge)
-            cands = _gather_bin(srch, r[g], a[g], b[g], inv_w[g], i[g])
+            base = f[g].gather(1, j[g].unsqueeze(1)).squeeze(1)  # F(values in bins above j)
+            cands = _gather_bin(srch, r[g], a[g], inv_w[g], j[g])
             v, found = _resolve_sorted(cands, torch.full_like(base, -math.inf), tg[g], None if mr is None else mr[g],
                                        base)
             val[g] = torch.where(found, v, b_lo[g])  # (not found: rounding between the two passes' sums)
+            under, _ = _next_below(cands, val[g], torch.zeros_like(found))
+            below[g, 0] = torch.maximum(below[g, 0], under)  # a value of the bin itself below the threshold
             done |= gather
-        out[todo[done]] = val[done]
+        # the largest value below the threshold, when no bin under it reaches the threshold (rounding) to hide it
+        clean = (below < val.unsqueeze(1)).all(1) & ~nothing
+        fin = todo[done]
+        out[fin], nxt[fin], known[fin] = val[done], below.amax(1)[done], clean[done]
         keep = ~done
         lo[todo[keep]], hi[todo[keep]] = b_lo[keep], b_hi[keep]
         todo = todo[keep]
     raise RuntimeError(f"sampler support search did not converge in {MAX_PASSES} passes")
 
 
-def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, inv_w: Tensor, which: Tensor) -> Tensor:
+def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: Tensor) -> Tensor:
     """The values of bin `which` of each row, sorted descending, padded with -inf: (r, cap)."""
     n, cap = rows.numel(), _gather_cap(srch.vocab)
     buf = torch.full((n, cap + 1), -math.inf, device=lo.device, dtype=lo.dtype)  # the last column: overflow
     fill = torch.zeros(n, device=lo.device, dtype=torch.int64)
 
     def fn(sl: slice, z: Tensor) -> None:
-        hit = _bin_index(z, lo[sl], hi[sl], inv_w[sl]) == which[sl].unsqueeze(1)
-        pos = (torch.cumsum(hit, 1) - 1 + fill[sl].unsqueeze(1)).clamp_(max=cap)
-        pos.masked_fill_(~hit, cap)
-        buf[sl].scatter_reduce_(1, pos, z.masked_fill(~hit, -math.inf), "amax")
-        fill[sl] += hit.sum(1)
+        hit = _bin_index(z, lo[sl], inv_w[sl]) == which[sl].unsqueeze(1)
+        rr, cc = torch.nonzero(hit, as_tuple=True)  # row-major: each row's hits in order
+        per_row = hit.sum(1)
+        first = torch.cumsum(per_row, 0) - per_row  # where each row's hits start in (rr, cc)
+        rank = torch.arange(rr.numel(), device=rr.device) - first[rr]
+        pos = (fill[sl][rr] + rank).clamp_(max=cap)
+        buf[sl][rr, pos] = z[rr, cc]
+        fill[sl] += per_row
 
     srch.sweep(rows, fn)
     return buf[:, :cap].sort(1, descending=True).values
@@ -256,7 +272,7 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
     hk, hp, hm = has_k[rows], has_p[rows], has_m[rows]
     kmax = int(torch.where(hk, k, 0).max())
     c = min(vocab, max(TOP_C, min(kmax + 1, MAX_C)))
-    m, s, zmin, top = srch.first_pass(rows, c)
+    m, s, zmin, top = srch.first_pass(rows, c, with_sum=bool(hp.any()))
     complete = torch.full_like(hk, vocab <= c)
     ninf = torch.full_like(m, -math.inf)
 
@@ -265,9 +281,11 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
     lo_k = torch.maximum(t1, zmin)
     tk = torch.where(hk & (k <= c), top.gather(1, (k.clamp(1, c) - 1).unsqueeze(1)).squeeze(1), ninf)
     far = hk & (k > c)
+    found_next = []  # (rows, threshold, next value below, known) from the searches
     if bool(far.any()):
         g = torch.nonzero(far).squeeze(1)
-        tk[g] = _quantile(srch, rows[g], lo_k[g], m[g], k[g].to(dtype), None)
+        tk[g], nx, kn = _quantile(srch, rows[g], lo_k[g], m[g], k[g].to(dtype), None)
+        found_next.append((g, tk[g], nx, kn))
     t2 = torch.maximum(t1, tk)
 
     # top_p over the kept set {z >= t2}: its mass Z, then the mass quantile p * Z
@@ -286,12 +304,17 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
         miss = hp & ~(found | inside)
         if bool(miss.any()):
             g = torch.nonzero(miss).squeeze(1)
-            tp[g] = _quantile(srch, rows[g], torch.maximum(t2[g], zmin[g]), m[g], target[g], m[g])
+            tp[g], nx, kn = _quantile(srch, rows[g], torch.maximum(t2[g], zmin[g]), m[g], target[g], m[g])
+            found_next.append((g, tp[g], nx, kn))
     t = torch.maximum(t2, tp)
 
     # a token value (top_k / top_p) -> the midpoint to the next value below it; min_p's bound is used as it is
     is_value = (t > t1) & (t > -math.inf)
     nxt, known = _next_below(top, t, complete)
+    for g, tg, nx, kn in found_next:  # a search that ended at the final threshold knows its next value
+        use = (tg == t[g]) & kn & ~known[g]
+        nxt[g] = torch.where(use, nx, nxt[g])
+        known[g] = known[g] | use
     ask = is_value & ~known
     if bool(ask.any()):
         g = torch.nonzero(ask).squeeze(1)

@@ -89,6 +89,19 @@ def _noop_ignored(targets: Tensor, ignore_index: int, k: Tensor, p: Tensor, mp: 
 
 # ------------------------------------------------------------------------------------------------ the custom ops
 
+
+class _Buffer:
+    """One reused tile buffer per search (the passes consume each tile before asking for the next), so large tiles do
+    not pay fresh page faults every time; grown when a larger tile is asked for."""
+
+    def __init__(self, ref: Tensor, dtype: torch.dtype):
+        self.ref, self.dtype, self.flat = ref, dtype, ref.new_empty((0,), dtype=dtype)
+
+    def view(self, r: int, c: int) -> Tensor:
+        if self.flat.numel() < r * c:
+            self.flat = self.ref.new_empty((r * c,), dtype=self.dtype)
+        return self.flat[: r * c].view(r, c)
+
 _KPM = "Tensor top_k, Tensor top_p, Tensor min_p"
 
 
@@ -100,10 +113,15 @@ def linear_support_threshold(hidden, weight, targets, bias, top_k, top_p, min_p,
     cdt = stats_dtype(hidden.dtype)
     vocab = weight.shape[0]
 
+    buf = _Buffer(hidden, cdt)
+
     def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
-        x = hidden.index_select(0, rows).to(cdt) @ weight[v0:v1].to(cdt).T
+        x = buf.view(rows.numel(), v1 - v0)
+        h = hidden.index_select(0, rows).to(cdt)
         if bias is not None:
-            x += bias[v0:v1].to(cdt)
+            torch.addmm(bias[v0:v1].to(cdt), h, weight[v0:v1].to(cdt).T, out=x)
+        else:
+            torch.mm(h, weight[v0:v1].to(cdt).T, out=x)
         if opts.softcap:
             x.mul_(opts.logit_scale / opts.softcap).tanh_().mul_(opts.softcap)
         return x.div_(opts.temperature) if opts.temperature != 1.0 else x
@@ -125,8 +143,11 @@ def logits_support_threshold(logits, targets, top_k, top_p, min_p, *call: object
     cdt = stats_dtype(logits.dtype)
     vocab = logits.shape[1]
 
+    buf = _Buffer(logits, cdt)
+
     def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
-        z = logits[:, v0:v1].index_select(0, rows).to(cdt)
+        z = buf.view(rows.numel(), v1 - v0)
+        z.copy_(logits[:, v0:v1].index_select(0, rows))
         return z.div_(opts.temperature) if opts.temperature != 1.0 else z
 
     k, p, mp = _noop_ignored(targets, opts.ignore_index, top_k, top_p, min_p, vocab)

@@ -429,3 +429,27 @@ def test_torch_compile_fullgraph(dev_backend):
     torch.testing.assert_close(compiled, eager)
     for a, e in zip(grads_c, grads_e):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("kw", [dict(top_p=0.9), dict(top_k=500), dict(top_k=100, top_p=0.95, min_p=1e-3)], ids=str)
+def test_passes_over_the_vocabulary_are_few(kw):
+    """On near-uniform rows (the search's worst case: the kept set is most of V) the search reads the vocabulary at
+    most three times: the first pass, one histogram, one gather (the next value below comes from them)."""
+    n, v = 16, 5000
+    g = torch.Generator().manual_seed(13)
+    z = torch.randn(n, v, generator=g, dtype=torch.float64) * 0.1
+    sweeps = []
+
+    def tile(rows, v0, v1):
+        if v0 == 0:
+            sweeps.append(rows.numel())
+        return z[rows, v0:v1].clone()
+
+    k = torch.full((n,), kw.get("top_k", v))
+    p = torch.full((n,), kw.get("top_p", 1.0), dtype=torch.float64)
+    mp = torch.full((n,), kw.get("min_p", 0.0), dtype=torch.float64)
+    t = torch.zeros(n, dtype=torch.int64)
+    thr = support.find_thresholds(tile, n, v, k, p, mp, dtype=torch.float64, device=z.device)
+    assert len(sweeps) <= 3, sweeps
+    want = ref.sampler_support(z, t, top_k=k, top_p=p, min_p=mp)
+    assert torch.equal((z >= thr.unsqueeze(1)) | (torch.arange(v) == 0), want)
