@@ -9,11 +9,12 @@ them) and beside the naive path (logits, then sort and mask: `reference.linear_l
 Two input regimes, because the cost of finding the support depends on the logits: `lm` (each row leans towards a few
 tokens by a random amount, so some rows are confident and some broad: median entropy ~3 nats) and `flat` (bench_cpu's
 inputs: near-uniform rows, where top_p 0.9 keeps ~130k of the 152k tokens, the search's worst case: a histogram and a
-gather pass besides the first one). fwd+bwd through both outputs, fp32, all cores. Time: median (p20, p80) over
---repeats calls, every provider of a regime in one process, alternating call by call (machine load hits all alike).
-Memory: one call per provider in a fresh process, peak resident memory (VmHWM) beyond inputs and gradients, as
-bench_cpu. A number is reported only after the provider's outputs agreed with the naive path's at the same inputs
-(sums of logp and entropy, norms of the gradients).
+gather pass besides the first one). fwd+bwd through both outputs, fp32, all cores. Every provider of a regime runs in
+one process, alternating call by call (machine load hits all alike). Time: median (p20, p80) over --repeats calls.
+Memory: each call's peak resident memory (VmHWM, reset just before it) beyond the resident memory just before it and
+the gradients it returns. A number is reported only after the provider's logp, entropy and gradients agreed with the
+naive path's (reference.linear_logprobs, same settings) on the first 64 rows of the same inputs. The naive path itself
+at N = 2048 (`--providers naive...`) needs ~10 GB: run it only where that is free.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.bench_cpu import _agree, _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
+from benchmarks.bench_cpu import _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
 from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, script_args, versions, write_csv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,34 +81,51 @@ def _make_call(provider: str, hidden, weight, targets, g_logp, g_ent):
     return call
 
 
-def _worker_mem(provider: str, regime: str, N: int) -> dict:
+def _gate(provider: str, inputs, rows: int = 64) -> None:
+    """Before timing: the provider's outputs and gradients on the first `rows` rows agree with the naive path's
+    (reference.linear_logprobs with the same settings, fp32, at a size where it fits in memory)."""
+    import torch
+
+    from sgrpo_kernels import reference as ref
+
+    hidden, weight, targets, g_logp, g_ent = inputs
+    h = hidden[:rows].detach().requires_grad_(True)
+    got = _make_call(provider, h, weight, targets[:rows], g_logp[:rows], g_ent[:rows])()
+    gw_got = got[3].clone()
+    weight.grad = None
+    logp, ent = ref.linear_logprobs(h, weight, targets[:rows], **SETTINGS.get(provider, SETTINGS["top_k=50,top_p=0.9"]))
+    gh, gw = torch.autograd.grad((logp * g_logp[:rows]).sum() + (ent * g_ent[:rows]).sum(), [h, weight])
+    for name, a, e in zip(("logp", "entropy", "grad_hidden", "grad_weight"), (*got[:3], gw_got), (logp, ent, gh, gw)):
+        if not torch.allclose(a, e, rtol=1e-3, atol=1e-5):
+            raise SystemExit(f"{provider}: {name} disagrees with the naive path (max diff {(a - e).abs().max():.3g})")
+
+
+def _worker(regime: str, N: int, providers: list[str], repeats: int, warmup: int) -> dict:
+    """Every provider in one process, alternating call by call (a change in machine load hits all alike): the time of
+    each call, and its peak resident memory (VmHWM, reset before it) beyond the memory before it and the gradients."""
+    import time
+
     import torch
 
     inputs = _setup(regime, N)
-    call = _make_call(provider, *inputs)
-    _reset_peak()
-    base = _rss_bytes()
-    out = call()
-    peak = _peak_bytes()
-    check = {"logp_sum": float(out[0].double().sum()), "ent_sum": float(out[1].double().sum()),
-             "gh_norm": float(out[2].double().norm()), "gw_norm": float(out[3].double().norm())}
-    return {"peak_extra_mb": max(0, peak - base - (N * D + V * D) * 4) / 2**20, "check": check,
-            "threads": torch.get_num_threads()}
-
-
-def _worker_time(regime: str, N: int, repeats: int, warmup: int) -> dict:
-    import time
-
-    inputs = _setup(regime, N)
-    calls = {p: _make_call(p, *inputs) for p in REGIMES[regime]}
+    for p in providers:
+        _gate(p, inputs)
+    calls = {p: _make_call(p, *inputs) for p in providers}
     times: dict[str, list[float]] = {p: [] for p in calls}
+    mem: dict[str, float] = {p: 0.0 for p in calls}
     for i in range(warmup + repeats):
         for p, call in calls.items():
+            inputs[0].grad = inputs[1].grad = None
+            _reset_peak()
+            base = _rss_bytes()
             t0 = time.perf_counter()
             call()
+            dt = (time.perf_counter() - t0) * 1e3
+            extra = _peak_bytes() - base - (N * D + V * D) * 4
             if i >= warmup:
-                times[p].append((time.perf_counter() - t0) * 1e3)
-    return times
+                times[p].append(dt)
+                mem[p] = max(mem[p], extra / 2**20)
+    return {"times": times, "mem": mem, "threads": torch.get_num_threads()}
 
 
 def _spawn(*args) -> dict:
@@ -123,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--tokens", type=_positive, default=2048, help="N, rows per call")
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES), help="input regimes")
+    p.add_argument("--providers", nargs="+", choices=[*SETTINGS, NAIVE], help="a subset of each regime's providers")
     p.add_argument("--repeats", type=_positive, default=2, help="timed calls per provider")
     p.add_argument("--warmup", type=_non_negative, default=0, help="untimed calls before them")
     where = p.add_mutually_exclusive_group()
@@ -134,30 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_worker"]:
-        kind, *rest = json.loads(argv[1])
-        print(json.dumps(_worker_mem(*rest) if kind == "mem" else _worker_time(*rest)))
+        print(json.dumps(_worker(*json.loads(argv[1]))))
         return 0
     args = build_parser().parse_args(argv)
     rows, N = [], args.tokens
     for regime in args.regimes:
-        names = REGIMES[regime]
-        print(f"{regime} N={N}: memory ...", end=" ", flush=True)
-        mem = {p: _spawn("mem", p, regime, N) for p in names}
-        if NAIVE in mem and not _agree(mem["top_k=50,top_p=0.9"]["check"], mem[NAIVE]["check"]):
-            raise SystemExit(f"the op disagrees with the naive path ({regime}): {mem['top_k=50,top_p=0.9']['check']} "
-                             f"vs {mem[NAIVE]['check']}")
-        print("time ...", end=" ", flush=True)
-        times = _spawn("time", regime, N, args.repeats, args.warmup)
-        stats = {p: quantiles(times[p]) for p in names}
-        print(", ".join(f"{p} {stats[p][0]:.0f} ms / {mem[p]['peak_extra_mb']:.0f} MB" for p in names), flush=True)
+        wanted = args.providers or [p for p in REGIMES[regime] if p != NAIVE]  # naive: on request (N x V memory)
+        names = [p for p in REGIMES[regime] if p in wanted or p == "full"]
+        print(f"{regime} N={N}: {', '.join(names)} ...", end=" ", flush=True)
+        res = _spawn(regime, N, names, args.repeats, args.warmup)
+        stats, mem = {p: quantiles(res["times"][p]) for p in names}, res["mem"]
+        print(", ".join(f"{p} {stats[p][0]:.0f} ms / {mem[p]:.0f} MB" for p in names), flush=True)
         for p in names:
             med, p20, p80 = stats[p]
             rows.append({
-                "device": cpu_name(), "threads": mem[p]["threads"], "regime": regime, "provider": p, "N": N, "D": D,
+                "device": cpu_name(), "threads": res["threads"], "regime": regime, "provider": p, "N": N, "D": D,
                 "V": V, "dtype": "fp32", "mode": "fwd+bwd", "ms_median": round(med, 1), "ms_p20": round(p20, 1),
-                "ms_p80": round(p80, 1), "peak_extra_mb": round(mem[p]["peak_extra_mb"], 1),
+                "ms_p80": round(p80, 1), "peak_extra_mb": round(mem[p], 1),
                 "time_vs_full": round(med / stats["full"][0], 3),
-                "mem_vs_full": round(mem[p]["peak_extra_mb"] / max(mem["full"]["peak_extra_mb"], 1e-9), 3),
+                "mem_vs_full": round(mem[p] / max(mem["full"], 1e-9), 3),
                 "versions": versions(), "git_sha": git_sha(),
             })
     out = RESULTS / "truncated_cpu" if args.publish else Path(args.out)
