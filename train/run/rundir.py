@@ -88,8 +88,11 @@ def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> l
         if before != now:
             out.append(f"--{f.name.replace('_', '-')}: checkpoint {before!r}, now {now!r}")
     now_loss = dataclasses.asdict(loss_cfg)
+    # a field the checkpoint lacks was added to LossConfig after it was written: that run used its default
+    defaults = {f.name: f.default for f in dataclasses.fields(LossConfig) if f.default is not dataclasses.MISSING}
     for key in sorted(set(now_loss) | set(saved["loss_config"])):
-        before, now = saved["loss_config"].get(key, "<absent>"), now_loss.get(key, "<absent>")
+        before = saved["loss_config"].get(key, defaults.get(key, "<absent>"))
+        now = now_loss.get(key, "<absent>")
         if before != now:
             out.append(f"loss.{key}: checkpoint {before!r}, now {now!r}")
     return out
