@@ -1,5 +1,5 @@
 """`--task humaneval`: OpenAI's HumanEval (Python functions to complete), each completion run against the problem's
-tests in the sandbox (train/sandbox.py); split by a hash of the task id."""
+tests in the sandbox (sgrpo_sandbox); split by a hash of the task id."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import json
 import random
 from pathlib import Path
 
+from sgrpo_sandbox import Limits, describe_isolation
+
 from ..rewards import CodeTests
-from ..sandbox import Limits, describe_isolation
 from ..tasks.base import Problem, _is_heldout, check_template
 from ..tasks.registry import register_task
 
@@ -34,7 +35,7 @@ def humaneval_path() -> Path:
 class HumanEvalTask:
     """OpenAI's HumanEval: 164 Python functions to complete from a signature and docstring. The answer of a problem
     is a `CodeTests`: the reward of a completion is 1 when the problem's `check(entry_point)` passes on it, judged
-    outside the completion's process (train/sandbox.py, with `limits`), else 0. The problems whose task id hashes
+    outside the completion's process (sgrpo_sandbox, with `limits`), else 0. The problems whose task id hashes
     into the held-out bucket are held out (about `heldout_frac` of them, the same for every seed)."""
 
     system_prompt: str | None = None  # the chat template's default
