@@ -1,0 +1,139 @@
+"""The trainer's behaviour fingerprint: tiny-model runs of `python -m train` over every preset and every optional
+feature, each reduced to hashes of what it wrote (step and eval records without their timing fields, the summary
+without its wall time, the held-out answers, the final weights). A refactor that claims "no behaviour change" must
+leave every hash as it was, on the same machine.
+
+    python -m benchmarks.fingerprint --out /tmp/fp-before.json            # on the old commit
+    python -m benchmarks.fingerprint --out /tmp/fp-after.json --check /tmp/fp-before.json
+
+`--check` prints each case whose hashes differ (and which file) and exits 1 if any does. `--cases a,b` runs a subset;
+`--list` names the cases. Runs go through the public command line only, so the same script checks any layout of
+train/. About 15 s a case on one core (two cases run at a time by default)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING = {"tokens_per_s", "gen_s", "step_s", "sync_s", "peak_mem_mb", "train_peak_mem_mb", "wall_s", "output_dir"}
+BASE = [
+    "--model", "tiny", "--max-steps", "3", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "6",
+    "--eval-problems", "6", "--eval-k", "2", "--eval-k-problems", "3", "--probe-size", "3", "--kl-every", "1",
+    "--warmup-steps", "1", "--lr", "1e-3", "--threads", "1", "--progress", "false", "--save-model", "true",
+]  # fmt: skip
+REWARD = ["--reward", "benchmarks.fingerprint_rewards:char_reward"]
+PRESETS = ["s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo",
+           "s_grpo_afn"]  # fmt: skip
+FEATURES = {
+    "grpo_ref": ["--preset", "grpo", "--loss", "beta=0.04"],
+    "ppo_epochs": ["--preset", "grpo", "--ppo-epochs", "2"],
+    "dynamic_sampling": ["--preset", "grpo", "--dynamic-sampling", "true"],
+    "trust_region": ["--preset", "grpo", "--trust-region", "0.01"],
+    "grad_penalty": ["--preset", "grpo", "--grad-penalty", "0.1"],
+    "log_mechanism": ["--preset", "grpo", "--log-mechanism", "true"],
+    "mechanism_tr_s_grpo": ["--preset", "s_grpo", "--log-mechanism", "true", "--trust-region", "0.01"],
+    "lora": ["--preset", "grpo", "--lora", "true"],
+    "train_layers": ["--preset", "grpo", "--train-layers", "1"],
+    "format_reward": ["--preset", "grpo", "--format-reward-weight", "0.5"],
+    "seed1": ["--preset", "grpo", "--seed", "1"],
+}
+NO_USER_REWARD = {"dense_reward": ["--preset", "grpo", "--dense-reward", "gt_likelihood"]}
+
+
+def cases() -> dict[str, list[str]]:
+    out = {f"preset_{p}": ["--preset", p, *REWARD] for p in PRESETS}
+    out |= {name: [*flags, *REWARD] for name, flags in FEATURES.items()}
+    return out | NO_USER_REWARD
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _strip(obj):
+    if isinstance(obj, dict):
+        return {k: _strip(v) for k, v in obj.items() if k not in TIMING}
+    if isinstance(obj, list):
+        return [_strip(v) for v in obj]
+    return obj
+
+
+def _weights(model_dir: Path) -> str:
+    from safetensors.numpy import load_file  # numpy: no torch import in this process
+
+    h = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        tensors = load_file(str(f))
+        for name in sorted(tensors):
+            h.update(name.encode())
+            h.update(tensors[name].tobytes())
+    return h.hexdigest()[:16]
+
+
+def run_case(name: str, flags: list[str], scratch: Path) -> dict:
+    out = scratch / name
+    cmd = [sys.executable, "-m", "train", *BASE, *flags, "--output-dir", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"}
+    records = [_strip(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "steps": _digest([r for r in records if r.get("event") != "eval"]),
+        "evals": _digest([r for r in records if r.get("event") == "eval"]),
+        "summary": _digest(_strip(json.loads((out / "summary.json").read_text()))),
+        "heldout": _digest((out / "heldout.jsonl").read_text()) if (out / "heldout.jsonl").exists() else None,
+        "weights": _weights(out / "model"),
+        "n_steps": sum(r.get("event") != "eval" for r in records),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=False, help="write the fingerprint JSON here")
+    ap.add_argument("--check", help="compare with this earlier fingerprint JSON; exit 1 on any difference")
+    ap.add_argument("--cases", help="comma-separated subset (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="cases run at a time [default: 2]")
+    ap.add_argument("--list", action="store_true", help="name the cases and exit")
+    args = ap.parse_args(argv)
+    todo = cases()
+    if args.list:
+        print("\n".join(todo))
+        return 0
+    if args.cases:
+        unknown = sorted(set(args.cases.split(",")) - set(todo))
+        if unknown:
+            ap.error(f"--cases: unknown {unknown}; known: {', '.join(todo)}")
+        todo = {k: todo[k] for k in args.cases.split(",")}
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        futures = {k: pool.submit(run_case, k, v, Path(tmp)) for k, v in todo.items()}
+        result = {}
+        for k, fut in futures.items():
+            result[k] = fut.result()
+            print(f"{k:24s} {result[k]}", file=sys.stderr, flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    bad = [k for k, v in result.items() if "error" in v]
+    if args.check:
+        ref = json.loads(Path(args.check).read_text())
+        for k, v in result.items():
+            if k not in ref:
+                print(f"NEW   {k} (not in {args.check})")
+            elif v != ref[k]:
+                diff = [f for f in v if v.get(f) != ref[k].get(f)]
+                print(f"DIFF  {k}: {', '.join(diff)}")
+                bad.append(k)
+        print(f"{len(result) - len(set(bad))} of {len(result)} cases identical to {args.check}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
