@@ -260,7 +260,7 @@ def test_parse_errors_import_no_model_stack():
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [False], res.stderr
 
 
-# ----------------------------------------------------------------------------------------------------- train.plot
+# ----------------------------------------------------------------------------------------------------- study.plot
 
 
 def _write_run(path: Path, n_steps: int, kl_every: int) -> Path:
@@ -286,7 +286,7 @@ def _write_run(path: Path, n_steps: int, kl_every: int) -> Path:
 
 
 def test_plot_draws_only_measured_points_and_full_windows():
-    from train.plot import measured, moving_average
+    from study.plot import measured, moving_average
 
     recs = [{"step": 1, "k": None}, {"step": 2, "k": 1.0}, {"step": 3, "k": float("nan")}, {"step": 4, "k": 3.0}]
     assert measured(recs, "k") == ([2, 4], [1.0, 3.0])
@@ -300,7 +300,7 @@ def test_plot_draws_only_measured_points_and_full_windows():
 
 def test_plot_with_unmeasured_kl(tmp_path):
     """kl_from_init is null on steps without a probe: the plot skips them (it died on float(None))."""
-    from train.plot import _title, main
+    from study.plot import _title, main
 
     runs = [_write_run(tmp_path / "a", 7, 5), _write_run(tmp_path / "b", 3, 5)]
     out = tmp_path / "p.png"

@@ -13,11 +13,11 @@ pytest.importorskip("transformers")
 
 from conftest import tiny_argv  # noqa: E402
 
+from study.__main__ import config_argv  # noqa: E402
+from study.__main__ import main as study_main  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.cli import parse_args  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
-from train.study.__main__ import config_argv  # noqa: E402
-from train.study.__main__ import main as study_main  # noqa: E402
 
 
 def refused(argv, capsys) -> str:

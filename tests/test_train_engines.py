@@ -175,6 +175,6 @@ def test_vllm_dtype_auto_follows_the_cpus_bf16_instructions(monkeypatch, isa, wa
 
 def test_the_decisive_study_pins_the_float32_sampler():
     """The study compares arms across machines and sessions: its sampler must not change with the CPU (auto would)."""
-    from train.study.grid import REGIMES
+    from study.grid import REGIMES
 
     assert REGIMES["decisive"]["vllm_dtype"] == "float32"

@@ -222,7 +222,7 @@ def test_cli_runs_and_plots(tmp_path):
     out = tmp_path / "cli"
     assert main(tiny_argv(out, "--max-steps", "2", "--preset", "gtpo")) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
-    from train.plot import main as plot_main
+    from study.plot import main as plot_main
 
     assert plot_main([str(out), "-o", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 1000

@@ -40,8 +40,8 @@ def test_package_list_names_every_package():
 
 def test_no_generic_top_level_name():
     tops = {p.split(".")[0] for p in SETUPTOOLS["packages"]}
-    assert tops == {"sgrpo_kernels", "sgrpo_sandbox", "sgrpo_train", "sgrpo_bench"}, tops
-    assert INSTALLED_AS == {"sgrpo_train": "train", "sgrpo_bench": "benchmarks"}
+    assert tops == {"sgrpo_kernels", "sgrpo_sandbox", "sgrpo_train", "sgrpo_study", "sgrpo_bench"}, tops
+    assert INSTALLED_AS == {"sgrpo_train": "train", "sgrpo_study": "study", "sgrpo_bench": "benchmarks"}
 
 
 def test_package_data_exists():

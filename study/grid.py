@@ -7,11 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli import parse_args
-from ..config import PRESET_LOSS_DEFAULTS, TrainConfig
-from ..fields import field_specs
-
-TRAINER = __package__.rpartition(".")[0]  # the trainer package as imported: `train` in a checkout
+from .trainer import PRESET_LOSS_DEFAULTS, TRAINER, TrainConfig, field_specs, parse_args
 
 
 @dataclass(frozen=True)
