@@ -50,7 +50,7 @@ def entropy_profile(model, tok, batch, temperature: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from study.grid import REGIMES
-    from train.cli import parse_args
+    from train.config.cli import parse_args
     from train.model import load_model_and_tokenizer
     from train.rollout import rollout
     from train.tasks import make_task

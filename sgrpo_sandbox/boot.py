@@ -23,13 +23,12 @@ Status line: JSON {"status": passed / failed / timeout / error, "exit_code": int
 starts once per program.
 """
 
+import _frozen_importlib
+import _frozen_importlib_external
 import os
 import select
 import sys
 import time
-
-import _frozen_importlib
-import _frozen_importlib_external
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -49,7 +49,7 @@ ARMS: dict[str, Arm] = {
 }
 
 # Research arms for the methods of docs/rl.md: not part of the main comparison (`--arms` defaults to ARMS only); run
-# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train/config.py's
+# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train.config's
 # PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms keep the s_grpo
 # arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
 RESEARCH_ARMS: dict[str, Arm] = {

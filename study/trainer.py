@@ -14,12 +14,12 @@ def _module(name: str):
     return importlib.import_module(f"{TRAINER}.{name}")
 
 
-parse_args = _module("cli").parse_args
+parse_args = _module("config.cli").parse_args
 TrainConfig = _module("config").TrainConfig
 PRESET_LOSS_DEFAULTS = _module("config").PRESET_LOSS_DEFAULTS
-field_specs = _module("fields").field_specs
-ConfigFileError = _module("config_file").ConfigFileError
-read_config_text = _module("config_file").read_config_text
+field_specs = _module("config.fields").field_specs
+ConfigFileError = _module("config.file").ConfigFileError
+read_config_text = _module("config.file").read_config_text
 CollapseRules = _module("features.collapse").CollapseRules
 low_entropy_collapse = _module("features.collapse").low_entropy_collapse
 write_json = _module("run.metrics").write_json

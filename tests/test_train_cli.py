@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from train.cli import loss_fields, parse_args
 from train.config import BACKENDS, DTYPES, PRESET_NAMES, RUN_PRESETS, ConfigError, Range, TrainConfig, field_docs
-from train.fields import field_specs
+from train.config.cli import loss_fields, parse_args
+from train.config.fields import field_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -252,7 +252,7 @@ def test_help_imports_neither_torch_nor_transformers():
 def test_parse_errors_import_no_model_stack():
     """A refused flag is reported before torch is even imported (fast feedback)."""
     code = (
-        "import sys\nfrom train.cli import parse_args\n"
+        "import sys\nfrom train.config.cli import parse_args\n"
         "try:\n    parse_args(['--max-grad-norm', '-1'])\nexcept SystemExit:\n    pass\n"
         "print(json.dumps(['torch' in sys.modules]))\n"
     ).replace("import sys", "import json, sys")

@@ -24,8 +24,8 @@ import conftest  # noqa: E402
 
 import train.evaluate as evaluate_module  # noqa: E402
 import train.loop as loop  # noqa: E402
+import train.loss as update_module  # noqa: E402
 import train.step as step_module  # noqa: E402
-import train.update as update_module  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
 from train.run.progress import bar_total  # noqa: E402

@@ -7,12 +7,14 @@ import gzip
 import json
 import random
 from pathlib import Path
-
-from sgrpo_sandbox import Limits, describe_isolation
+from typing import TYPE_CHECKING
 
 from ..rewards import CodeTests
 from ..tasks.base import Problem, _is_heldout, check_template
 from ..tasks.registry import register_task
+
+if TYPE_CHECKING:
+    from sgrpo_sandbox import Limits
 
 HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the complete function in a Python code block.\n\n"
@@ -70,6 +72,8 @@ class HumanEvalTask:
 
 @register_task("humaneval", help="HumanEval Python functions, checked by running their tests in the sandbox")
 def make_humaneval(*, prompt_template: str | None, heldout_frac: float, **_) -> HumanEvalTask:
+    from sgrpo_sandbox import describe_isolation  # loaded with the task that runs code, not with the registry
+
     task = HumanEvalTask(prompt_template or HUMANEVAL_TEMPLATE, heldout_frac)
     print(describe_isolation())  # the run's log says how isolated the code it executes is
     return task
