@@ -25,8 +25,8 @@ if grep -qE '^(train|benchmarks)/' <<<"$files"; then
   echo "stage_wheel: the wheel installs a generic top-level package (train/ or benchmarks/)" >&2
   exit 1
 fi
-for f in sgrpo_train/data/gsm8k_sample.jsonl sgrpo_train/_sandbox_boot.py sgrpo_train/_sandbox_os.py \
-    sgrpo_train/sandbox_harness.py; do
+for f in sgrpo_train/data/gsm8k_sample.jsonl sgrpo_sandbox/boot.py sgrpo_sandbox/jail.py \
+    sgrpo_sandbox/protocol.py; do
   grep -qx "$f" <<<"$files" || { echo "stage_wheel: $f is not in the wheel" >&2; exit 1; }
 done
 
@@ -56,7 +56,7 @@ trained = torch.load(run / "checkpoint" / "state.pt", weights_only=True)["traina
 weights = model.state_dict()
 assert trained and all(torch.equal(weights[name], t) for name, t in trained.items()), "model/ is not the trained policy"
 import sgrpo_train
-from sgrpo_train.sandbox import FunctionCheck, Limits, run_check
+from sgrpo_train.sandbox import FunctionCheck, Limits, run_check  # the trainer's re-export of sgrpo_sandbox
 
 assert "site-packages" in sgrpo_train.__file__, sgrpo_train.__file__  # the installed trainer, not a checkout's
 test = "def check(c):\n    assert c(1) == 2\n"  # the sandbox finds its bootstrap files beside the installed ones

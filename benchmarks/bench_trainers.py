@@ -45,7 +45,7 @@ SCRATCH = scratch_dir()
 
 
 def job_flags(args: argparse.Namespace, out: Path) -> list[str]:
-    """The bundled trainer's flags of the job; the TRL workers parse the same ones (train.cli.parse_args)."""
+    """The bundled trainer's flags of the job; the TRL workers parse the same ones (train.config.cli.parse_args)."""
     return ["--model", args.model, "--output-dir", str(out), "--overwrite", "--seed", str(args.seed),
             "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts), "--group-size",
             str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-problems",
@@ -65,8 +65,8 @@ def trl_worker(kind: str, flags: list[str], result: Path) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer
-    from train.cli import parse_args
     from train.config import PRESET_LOSS_DEFAULTS
+    from train.config.cli import parse_args
     from train.evaluate import evaluate
     from train.record import reset_train_peak, train_peak_mem_mb
     from train.rewards import correctness_reward

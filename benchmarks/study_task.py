@@ -49,10 +49,10 @@ def entropy_profile(model, tok, batch, temperature: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.cli import parse_args
+    from study.grid import REGIMES
+    from train.config.cli import parse_args
     from train.model import load_model_and_tokenizer
     from train.rollout import rollout
-    from train.study.grid import REGIMES
     from train.tasks import make_task
     from train.tasks.registry import TASK_OPTIONS
 

@@ -9,10 +9,10 @@ import statistics
 import torch
 
 from benchmarks.study_task import entropy_profile
-from train.cli import parse_args
+from study.grid import REGIMES
+from train.config.cli import parse_args
 from train.model import tiny_model_and_tokenizer
 from train.rollout import Batch
-from train.study.grid import REGIMES
 from train.tasks.registry import TASK_OPTIONS, make_task
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from train.cli import loss_fields, parse_args
 from train.config import BACKENDS, DTYPES, PRESET_NAMES, RUN_PRESETS, ConfigError, Range, TrainConfig, field_docs
-from train.fields import field_specs
+from train.config.cli import loss_fields, parse_args
+from train.config.fields import field_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -252,7 +252,7 @@ def test_help_imports_neither_torch_nor_transformers():
 def test_parse_errors_import_no_model_stack():
     """A refused flag is reported before torch is even imported (fast feedback)."""
     code = (
-        "import sys\nfrom train.cli import parse_args\n"
+        "import sys\nfrom train.config.cli import parse_args\n"
         "try:\n    parse_args(['--max-grad-norm', '-1'])\nexcept SystemExit:\n    pass\n"
         "print(json.dumps(['torch' in sys.modules]))\n"
     ).replace("import sys", "import json, sys")
@@ -260,7 +260,7 @@ def test_parse_errors_import_no_model_stack():
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [False], res.stderr
 
 
-# ----------------------------------------------------------------------------------------------------- train.plot
+# ----------------------------------------------------------------------------------------------------- study.plot
 
 
 def _write_run(path: Path, n_steps: int, kl_every: int) -> Path:
@@ -286,7 +286,7 @@ def _write_run(path: Path, n_steps: int, kl_every: int) -> Path:
 
 
 def test_plot_draws_only_measured_points_and_full_windows():
-    from train.plot import measured, moving_average
+    from study.plot import measured, moving_average
 
     recs = [{"step": 1, "k": None}, {"step": 2, "k": 1.0}, {"step": 3, "k": float("nan")}, {"step": 4, "k": 3.0}]
     assert measured(recs, "k") == ([2, 4], [1.0, 3.0])
@@ -300,7 +300,7 @@ def test_plot_draws_only_measured_points_and_full_windows():
 
 def test_plot_with_unmeasured_kl(tmp_path):
     """kl_from_init is null on steps without a probe: the plot skips them (it died on float(None))."""
-    from train.plot import _title, main
+    from study.plot import _title, main
 
     runs = [_write_run(tmp_path / "a", 7, 5), _write_run(tmp_path / "b", 3, 5)]
     out = tmp_path / "p.png"

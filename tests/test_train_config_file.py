@@ -1,4 +1,4 @@
-"""--config FILE (train/config_file.py): YAML values under flags, a run's own config.json as input (re-running a run is
+"""--config FILE (train/config/file.py): YAML values under flags, a run's own config.json as input (re-running a run is
 one command, its --loss.FIELD overrides included), refusals that name the file, the key, the value and what is
 accepted; --resume reads OUTPUT_DIR/config.json; the study's --config."""
 
@@ -13,11 +13,11 @@ pytest.importorskip("transformers")
 
 from conftest import tiny_argv  # noqa: E402
 
+from study.__main__ import config_argv  # noqa: E402
+from study.__main__ import main as study_main  # noqa: E402
 from train.__main__ import main  # noqa: E402
-from train.cli import parse_args  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
-from train.study.__main__ import config_argv  # noqa: E402
-from train.study.__main__ import main as study_main  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
 
 
 def refused(argv, capsys) -> str:

@@ -78,12 +78,12 @@ def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
     plain SGD with lr 1 (no clipping at max_grad_norm 100), so the change is minus the gradient: a wrongly scaled
     gradient shows (AdamW's first step is ~lr * sign(g) whatever the scale)."""
     from sgrpo_kernels.rl import prepare_groups
+    from train.batch import Update
     from train.distributed import ALONE, Dist
     from train.features import build_features
     from train.rollout import Batch, rollout
     from train.setup import setup
     from train.step import policy_update
-    from train.update import Update
 
     ctx = Dist(rank=rank, world=world) if world > 1 else ALONE
     preset, loss, epochs = SAME_BATCH[name]

@@ -18,14 +18,15 @@ from conftest import assert_refused, tiny_cfg  # noqa: E402
 
 from sgrpo_kernels.rl import preset  # noqa: E402
 from train import loop  # noqa: E402
+from train.batch import Update  # noqa: E402
 from train.engines import HFEngine, make_engine  # noqa: E402
 from train.errors import Refused  # noqa: E402
+from train.loss import sampler_correction  # noqa: E402
 from train.model import tiny_model_and_tokenizer  # noqa: E402
 from train.policy import token_logprobs  # noqa: E402
 from train.rollout import rollout  # noqa: E402
 from train.setup import setup  # noqa: E402
-from train.step import advantages, step_problems  # noqa: E402
-from train.update import Update, policy_update, sampler_correction  # noqa: E402
+from train.step import advantages, policy_update, step_problems  # noqa: E402
 
 VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -137,7 +138,7 @@ def test_sampler_correction_needs_no_forward_of_its_own(tmp_path, monkeypatch, m
     monkeypatch.setattr(policy, "policy_hidden_grouped", lambda *a, **k: calls.append(1) or real(*a, **k))
     seen = {}
     real_correction = sampler_correction
-    monkeypatch.setattr("train.update.sampler_correction", lambda *a: seen.setdefault("kwargs", real_correction(*a)))
+    monkeypatch.setattr("train.loss.sampler_correction", lambda *a: seen.setdefault("kwargs", real_correction(*a)))
     update = Update()
     policy_update(run, batch, advantages(run, batch), update, 1)
     ref_forwards = 1  # the grpo preset's frozen reference (beta 0.04)
@@ -175,6 +176,6 @@ def test_vllm_dtype_auto_follows_the_cpus_bf16_instructions(monkeypatch, isa, wa
 
 def test_the_decisive_study_pins_the_float32_sampler():
     """The study compares arms across machines and sessions: its sampler must not change with the CPU (auto would)."""
-    from train.study.grid import REGIMES
+    from study.grid import REGIMES
 
     assert REGIMES["decisive"]["vllm_dtype"] == "float32"

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from train.cli import parse_args  # noqa: E402
-from train.study.__main__ import main as study_main  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
+from study.__main__ import main as study_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
@@ -32,7 +32,7 @@ def refused(argv, capsys) -> str:
     return err.strip().splitlines()[-1]  # the refusal: one line
 
 
-@pytest.mark.parametrize("command", ["train", "train.study"])
+@pytest.mark.parametrize("command", ["train", "study", "train.study"])
 def test_yaml_alias_bomb_is_refused_at_once(tmp_path, command):
     """A 300-byte billion-laughs file: refused without expanding it (before: gigabytes, over a minute, and the
     expansion printed). In a subprocess, so that a regression times out instead of taking the test session down."""

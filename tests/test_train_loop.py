@@ -13,13 +13,13 @@ pytest.importorskip("transformers")
 from conftest import NanGrad, tiny_argv, tiny_cfg  # noqa: E402
 
 import train.loop as loop  # noqa: E402
+import train.loss as update_module  # noqa: E402
 import train.step as step_module  # noqa: E402
-import train.update as update_module  # noqa: E402
 from sgrpo_kernels import sgrpo_loss  # noqa: E402
 from sgrpo_kernels.rl import preset  # noqa: E402
 from train.__main__ import main  # noqa: E402
-from train.cli import parse_args  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
 from train.model import head_weight, tiny_model_and_tokenizer  # noqa: E402
 from train.policy import completion_hidden, policy_hidden, policy_hidden_grouped  # noqa: E402
 from train.rollout import completion_mask, rollout  # noqa: E402
@@ -222,7 +222,7 @@ def test_cli_runs_and_plots(tmp_path):
     out = tmp_path / "cli"
     assert main(tiny_argv(out, "--max-steps", "2", "--preset", "gtpo")) == 0
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
-    from train.plot import main as plot_main
+    from study.plot import main as plot_main
 
     assert plot_main([str(out), "-o", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 1000
@@ -321,8 +321,8 @@ def test_the_s_grpo_loss_default_applies_to_s_grpo_only():
     """Regression: the trainer's default `--loss entropy_filter=quantile:0.75` (meant for s_grpo) was applied to every
     preset, so `--preset grpo` silently ran with a completion entropy filter GRPO does not have."""
     from sgrpo_kernels.rl import preset
-    from train.cli import parse_args
     from train.config import PRESET_LOSS_DEFAULTS, TrainConfig
+    from train.config.cli import parse_args
 
     for name in ("grpo", "gtpo", "dapo", "grpo_tc"):
         assert TrainConfig(preset=name).loss_config() == preset(name), name

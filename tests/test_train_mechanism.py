@@ -1,4 +1,4 @@
-"""--log-mechanism (train/mechanism.py): the likelihood displacement against a float64 hand computation, the
+"""--log-mechanism (train/features/mechanism.py): the likelihood displacement against a float64 hand computation, the
 shared-token sets against a brute-force scan, the update norm against the weights themselves (and the trust region's
 own norm), the step's old log-probs against a forward before the update (1 and 2 PPO epochs), and the records: the
 fields with the flag, none without, the same training either way."""
@@ -15,12 +15,13 @@ pytest.importorskip("transformers")
 
 from conftest import NanGrad, tiny_cfg  # noqa: E402
 
+import train.loss as update_module  # noqa: E402
 import train.rollout as rollout_module  # noqa: E402
-import train.update as update_module  # noqa: E402
 from sgrpo_kernels.rl import metrics_to_floats, prepare_groups  # noqa: E402
 from train import loop  # noqa: E402
-from train.cli import parse_args  # noqa: E402
-from train.mechanism import (  # noqa: E402
+from train.batch import Update  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
+from train.features.mechanism import (  # noqa: E402
     FIELDS,
     SUMS,
     displacement_fields,
@@ -33,7 +34,7 @@ from train.policy import token_logprobs  # noqa: E402
 from train.rollout import Batch, rollout  # noqa: E402
 from train.run.metrics import dumps  # noqa: E402
 from train.setup import setup  # noqa: E402
-from train.update import Update, policy_update  # noqa: E402
+from train.step import policy_update  # noqa: E402
 
 LOSS = {"entropy_filter": None, "entropy_coef": 0.01}  # a gradient on the random model (test_train_loop's)
 MECH = ("update_norm", *FIELDS, "ld_n_correct_shared", "ld_n_correct", "ld_n_wrong")
@@ -151,10 +152,11 @@ def test_update_measures_against_a_forward_before_and_after(tmp_path, epochs):
     assert update.skipped == 0
     new = token_logprobs(run.model, batch, cfg.temperature, None, g)
     by_hand = moved(run.model, before)
-    assert by_hand > 0 and update.update_norm == pytest.approx(by_hand, rel=1e-6)
+    mechanism = next(f for f in run.features if f.name == "mechanism")  # the --log-mechanism feature
+    assert by_hand > 0 and mechanism.norm == pytest.approx(by_hand, rel=1e-6)
     shared = shared_with_wrong(batch.completion_ids, batch.completion_mask, correct, g)
     want = _by_hand(old.double(), new.double(), batch.completion_mask, correct, shared)
-    got = displacement_fields(metrics_to_floats(update.mechanism))
+    got = displacement_fields(metrics_to_floats(mechanism.sums))
     for k in FIELDS:
         if math.isnan(want[k]):
             assert math.isnan(got[k]), k

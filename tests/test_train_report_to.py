@@ -17,7 +17,7 @@ from conftest import tiny_cfg  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 import train.loop as loop  # noqa: E402
-from train.cli import parse_args  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
 from train.run.dashboards import EVAL_NAMES, TRL_NAMES, dashboard_tags  # noqa: E402
 from train.run.metrics import MetricsLog  # noqa: E402
 

@@ -19,7 +19,7 @@ from conftest import tiny_argv, tiny_cfg  # noqa: E402
 import train.loop as loop  # noqa: E402
 import train.rewards as rewards  # noqa: E402
 from train.__main__ import main  # noqa: E402
-from train.cli import parse_args  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
 from train.errors import Refused  # noqa: E402
 from train.rewards import MathAnswer, RewardError, RewardFunctions, correctness_reward, parse_reward_spec  # noqa: E402
 from train.tasks import make_task  # noqa: E402

@@ -386,7 +386,7 @@ def test_make_task_and_config():
     assert isinstance(task, HumanEvalTask) and 60 < len(task.test) < 104
     assert task.test[0].prompt == "Q: " + task.test[0].question
     pytest.importorskip("transformers")
-    from train.cli import parse_args
+    from train.config.cli import parse_args
 
     cfg, _ = parse_args(["--task", "humaneval", "--max-new-tokens", "256"])
     assert cfg.task == "humaneval"

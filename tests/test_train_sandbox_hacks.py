@@ -364,7 +364,7 @@ def test_nothing_outlives_a_killed_scorer(tmp_path, victim, path):
         if victim == "scorer":
             scorer.kill()
         else:
-            boot = [p for p in _children_of(scorer.pid) if b"_sandbox_boot" in _cmdline(p)]
+            boot = [p for p in _children_of(scorer.pid) if b"_sgrpo_sandbox_boot" in _cmdline(p)]
             assert len(boot) == 1
             os.kill(boot[0], signal.SIGKILL)
         assert _wait_for(lambda: not _pids_named(token), 10), f"survivors: {_pids_named(token)}"
@@ -651,7 +651,7 @@ def test_results_say_why(he):
 def test_protocol_values():
     """The value encoding: what `encode` makes, `decode` makes back (aliases and cycles included); what the candidate
     could send instead is refused."""
-    from train.sandbox_harness import decode, dumps, encode, loads
+    from sgrpo_sandbox.protocol import decode, dumps, encode, loads
 
     values = [None, True, 0, -3, 2**64, -(2**300), 1.5, float("inf"), "é\n\"", [1, [2]], (1, (2,)), {1: {"a": ()}},
               {1, "x"}, frozenset({2}), b"\x00", bytearray(b"ab"), 1 + 2j, range(1, 9, 2), []]  # fmt: skip

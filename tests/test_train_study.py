@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from train.stability import (
+from study.stability import (
     CollapseRules,
     entropy_blowup,
     first_event,
@@ -129,7 +129,7 @@ def test_run_metrics_hand_computed():
 
 
 def test_aggregate_and_paired_hand_computed():
-    from train.study.report import aggregate, paired
+    from study.report import aggregate, paired
 
     def run(arm, seed, after, collapse=False):
         return {"arm": arm, "seed": seed, "heldout_after": after, "heldout_gain": after - 0.2, "collapse": collapse,
@@ -156,7 +156,7 @@ def test_aggregate_and_paired_hand_computed():
 def test_research_arms_are_also_paired_against_s_grpo():
     """A study with research arms (variants of S-GRPO) gets a second paired table, against s_grpo; the main study's
     report (no research arm) keeps the one against grpo."""
-    from train.study.report import aggregate, baselines, markdown, paired
+    from study.report import aggregate, baselines, markdown, paired
 
     def run(arm, seed, after):
         return {"arm": arm, "seed": seed, "heldout_after": after, "heldout_gain": after - 0.2, "collapse": False,
@@ -181,7 +181,7 @@ def test_research_arms_are_also_paired_against_s_grpo():
 
 
 def test_set_checks_fields_and_values_before_running(capsys):
-    from train.study.grid import parse_sets
+    from study.grid import parse_sets
 
     assert parse_sets(["lr=5e-4", "max-steps=60"]) == {"lr": "5e-4", "max_steps": "60"}
     with pytest.raises(ValueError, match="'lrate' is not a trainer field"):
@@ -196,7 +196,7 @@ def test_set_checks_fields_and_values_before_running(capsys):
 
 
 def test_study_cli_refuses_bad_arms_and_seeds(capsys):
-    from train.study.__main__ import main
+    from study.__main__ import main
 
     for argv, needle in ((["--arms", "grpo,nope"], "expected arms from"), (["--seeds", "0,x"], "comma-separated")):
         with pytest.raises(SystemExit) as exc:
@@ -208,7 +208,7 @@ def test_study_cli_refuses_bad_arms_and_seeds(capsys):
 def test_study_cli_refuses_a_duplicated_set(tmp_path, capsys):
     """`--set lr=1e-4 --set lr=2e-4` (or the same field spelt with - and _): refused, both values named, before any
     file is written (the last one silently won)."""
-    from train.study.__main__ import main
+    from study.__main__ import main
 
     for sets in (["lr=1e-4", "lr=2e-4"], ["max-steps=2", "max_steps=3"]):
         argv = ["--arms", "s_grpo", "--seeds", "0", *(a for s in sets for a in ("--set", s))]
@@ -235,7 +235,7 @@ def _unwritable(tmp_path: Path, how: str) -> Path:
 def test_study_cli_refuses_an_unwritable_folder(tmp_path, capsys, flag, how):
     """--out / --work where nothing can be written: a one-line refusal naming the flag and the path (exit 2), no
     traceback, no run started."""
-    from train.study.__main__ import main
+    from study.__main__ import main
 
     bad = _unwritable(tmp_path, how)
     dirs = {"--out": str(tmp_path / "out"), "--work": str(tmp_path / "work"), flag: str(bad)}
@@ -247,7 +247,7 @@ def test_study_cli_refuses_an_unwritable_folder(tmp_path, capsys, flag, how):
 
 
 def test_a_results_folder_holds_one_regime(tmp_path):
-    from train.study.runner import Manifest
+    from study.runner import Manifest
 
     Manifest(tmp_path, "a", {"lr": "1e-4"}, {}).save()
     with pytest.raises(ValueError, match="holds the study of regime 'a'"):
@@ -349,7 +349,7 @@ def test_study_end_to_end_interrupted_and_resumed(tmp_path):
     # --report recomputes the same tables from the files alone
     md = (out_dir / "study.md").read_text()
     (out_dir / "study.md").unlink()
-    rep = subprocess.run([sys.executable, "-m", "train.study", "--report", str(out_dir), "--no-figure"], cwd=root,
+    rep = subprocess.run([sys.executable, "-m", "study", "--report", str(out_dir), "--no-figure"], cwd=root,
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert rep.returncode == 0, rep.stderr
     assert (out_dir / "study.md").read_text() == md
@@ -392,8 +392,8 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
     import dataclasses
 
     from sgrpo_kernels import rl
-    from train.study.__main__ import build_parser
-    from train.study.grid import ARMS, RESEARCH_ARMS, grid
+    from study.__main__ import build_parser
+    from study.grid import ARMS, RESEARCH_ARMS, grid
 
     assert not set(ARMS) & set(RESEARCH_ARMS)
     assert build_parser().parse_args([]).arms == list(ARMS)
@@ -431,7 +431,7 @@ def test_every_published_study_recomputes_from_its_run_files(tmp_path):
     recompute."""
     import shutil
 
-    from train.study.report import write_report
+    from study.report import write_report
 
     folders = _study_folders()
     if not folders:
@@ -454,8 +454,8 @@ def test_the_manifest_names_the_cpus_vector_isa():
     """Two machines both called "AMD EPYC", with and without AVX-512 / bf16 instructions, run different kernels (other
     floats, other timings): a run's manifest entry and the benchmarks name the family, model and ISA. Before: the name
     alone."""
+    from study.runner import environment
     from train.run.machine import cpu_info, cpu_label
-    from train.study.runner import environment
 
     text = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
     text += "processor\t: 1\nmodel name\t: other\nflags\t\t: amx_bf16\n"  # the first processor's entry is the one

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.study.grid import ARMS, RESEARCH_ARMS, grid
+from study.grid import ARMS, RESEARCH_ARMS, grid
 
 # arm -> the TrainConfig fields its trainer flags set
 TRAIN_ARMS = {

@@ -1,7 +1,7 @@
-"""The v2 study's pre-registered machinery: transient vs persistent collapse (train/study/collapse.py), a plan's rules
-decided from run facts (train/study/decide.py, train/study/prereg.py: equivalence, Holm over contrasts and Fisher
+"""The v2 study's pre-registered machinery: transient vs persistent collapse (study/collapse.py), a plan's rules
+decided from run facts (study/decide.py, study/prereg.py: equivalence, Holm over contrasts and Fisher
 tests together, screens that extend an arm's seeds, interim readings), the report's section, and adopting published
-runs under another arm name after checking their configuration (train/study/adopt.py)."""
+runs under another arm name after checking their configuration (study/adopt.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from test_train_study_stats import write_run
 
-from train.stability import CollapseRules
-from train.study import stats
-from train.study.collapse import classify
-from train.study.decide import evaluate
-from train.study.prereg import PHASE1, PHASE2, PLANS, Contrast, Fisher, Hypothesis, Plan, Rule
+from study.stability import CollapseRules
+from study import stats
+from study.collapse import classify
+from study.decide import evaluate
+from study.prereg import PHASE1, PHASE2, PLANS, Contrast, Fisher, Hypothesis, Plan, Rule
 
 RULES = CollapseRules(window=3)
 
@@ -149,7 +149,7 @@ def test_the_ppo_arm_must_have_clipped_to_pass():
 
 def test_phase1_plan_is_consistent():
     assert set(PLANS) == {"v2-phase1", "v2-phase2"}
-    from train.study.grid import RESEARCH_ARMS
+    from study.grid import RESEARCH_ARMS
 
     for plan in (PHASE1, PHASE2):
         keys = {c.key for c in plan.contrasts} | {h.key for h in plan.hypotheses}
@@ -169,7 +169,7 @@ def test_phase1_plan_is_consistent():
 
 
 def test_a_planned_study_prints_which_rule_fired_and_says_interim(tmp_path):
-    from train.study.report import write_report
+    from study.report import write_report
 
     study = tmp_path / "v2-phase1"
     rng = random.Random(0)
@@ -201,8 +201,8 @@ def _published(root: Path, arm: str, seed: int, config: dict) -> Path:
 
 
 def test_adopt_checks_the_configuration_then_copies(tmp_path):
-    from train.study.adopt import adopt, main
-    from train.study.grid import REGIMES, RESEARCH_ARMS, RunSpec
+    from study.adopt import adopt, main
+    from study.grid import REGIMES, RESEARCH_ARMS, RunSpec
 
     overrides = REGIMES["decisive"]
     spec = RunSpec(RESEARCH_ARMS["grpo_nokl_tr_lr1.5e-4"], 0, dict(overrides), Path("w"), Path("r"))

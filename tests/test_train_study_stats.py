@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from train.study import stats
+from study import stats
 
 # ----------------------------------------------------------------------------------------------- distributions
 
@@ -132,7 +132,7 @@ def make_study(root: Path, gain: int, noise: list[int], n: int = 100, seeds: int
 
 
 def test_report_detects_a_known_difference(tmp_path):
-    from train.study.report import write_report
+    from study.report import write_report
 
     study = make_study(tmp_path / "study", gain=12, noise=[0, 2, -2, 1, -1])  # +0.12 a seed, SD 0.016
     out = write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
@@ -173,7 +173,7 @@ def test_fisher_exact_and_the_collapse_table():
         want = sp.fisher_exact([[k1, n1 - k1], [k2, n2 - k2]]).pvalue
         assert stats.fisher_exact(k1, n1, k2, n2) == pytest.approx(want, rel=1e-12)
 
-    from train.study.heldout import _collapse_markdown, collapse_tests
+    from study.heldout import _collapse_markdown, collapse_tests
 
     runs = [{"arm": a, "seed": s, "collapse": c} for a, flags in (("grpo", [0, 0, 0, 0, 1]), ("grpo_nokl", [0] * 5),
             ("gtpo", [1] * 5)) for s, c in enumerate(flags)]  # fmt: skip
@@ -198,7 +198,7 @@ def test_holm_adjusted_p_values():
 def test_report_of_a_baseline_alone(tmp_path):
     """A study whose only arm is a baseline (the first run of an extension, say) reports without a test: it used to
     fail with a KeyError in the collapse table."""
-    from train.study.report import write_report
+    from study.report import write_report
 
     study = tmp_path / "study"
     write_run(study, "grpo_nokl", 5, [False] * 4, [True, False, False, False])
@@ -209,7 +209,7 @@ def test_report_of_a_baseline_alone(tmp_path):
 
 
 def test_forest_rows_starred_only_when_holm_keeps_them():
-    from train.study.figure import forest_labels
+    from study.figure import forest_labels
 
     rows = [("gtpo", {"after": {"n": 5}}, ("gtpo", "grpo")), ("s_grpo", {"after": {"n": 4}}, ("s_grpo", "grpo")),
             ("grpo - gtpo", {"after": {"n": 5}}, ("grpo", "gtpo"))]  # fmt: skip
@@ -222,7 +222,7 @@ def test_contrasts_between_methods(tmp_path):
     """The CONTRASTS pairs present are tested like the baselines' tables: s_grpo_tr gets 5, 6, 7 of 50 problems more
     right than grpo_nokl_tr on seeds 0, 1, 2 (0.12 +- 0.02 a seed); grpo_nokl_tr equals grpo_nokl; no s_grpo, so the
     contrasts against it are absent."""
-    from train.study.report import write_report
+    from study.report import write_report
 
     study, rng = tmp_path / "study", random.Random(1)
     for seed in range(3):
@@ -279,7 +279,7 @@ def test_contrasts_between_methods(tmp_path):
 
 
 def test_report_finds_no_difference_within_noise(tmp_path):
-    from train.study.report import write_report
+    from study.report import write_report
 
     study = make_study(tmp_path / "study", gain=0, noise=[3, -2, 1, -3, 1])  # mean 0, SD 0.025
     out = write_report(study, order=["grpo", "grpo_nokl", "s_grpo"], figure=False)
@@ -294,8 +294,8 @@ def test_report_finds_no_difference_within_noise(tmp_path):
 
 
 def test_report_refuses_heldout_that_disagrees_with_summary(tmp_path, capsys):
-    from train.study.__main__ import main
-    from train.study.report import write_report
+    from study.__main__ import main
+    from study.report import write_report
 
     study = tmp_path / "study"
     for seed in range(2):
@@ -313,7 +313,7 @@ def test_a_study_whose_report_is_refused_says_so_in_one_line(tmp_path, monkeypat
     """At the end of a study (not --report) a report the run files refuse is one line naming the run and the runs
     are kept, exit 2; a results folder the report cannot be written into is refused the same way by --report. Before:
     a traceback (ValueError from the end of the study, PermissionError from --report)."""
-    import train.study.__main__ as study_main
+    import study.__main__ as study_main
 
     study = tmp_path / "study"
     for seed in range(2):
@@ -329,7 +329,7 @@ def test_a_study_whose_report_is_refused_says_so_in_one_line(tmp_path, monkeypat
     assert len(list(study.glob("runs/*/seed*/summary.json"))) == 4  # nothing lost
 
     (study / "runs" / "grpo_nokl" / "seed1" / "summary.json").unlink()  # now the report itself is fine ...
-    import train.study.report as report
+    import study.report as report
 
     def read_only(path, mode="r", *args, **kwargs):
         if "w" in mode:
@@ -348,7 +348,7 @@ def test_heldout_problems_must_pair(tmp_path):
     d = write_run(study, "s_grpo", 0, [False] * 3, [True] * 3)
     lines = (d / "heldout.jsonl").read_text().replace('"1 + 1"', '"7 * 7"')
     (d / "heldout.jsonl").write_text(lines)
-    from train.study.report import write_report
+    from study.report import write_report
 
     with pytest.raises(ValueError, match="cannot be paired"):
         write_report(study, figure=False)
@@ -358,7 +358,7 @@ def test_heldout_problems_must_pair(tmp_path):
 
 
 def test_a_study_without_heldout_files_gets_no_new_section(tmp_path):
-    from train.study.report import write_report
+    from study.report import write_report
 
     study = make_study(tmp_path / "study", gain=5, noise=[0, 0, 0], seeds=3)
     for p in study.glob("runs/*/seed*/heldout.jsonl"):
@@ -370,8 +370,8 @@ def test_a_study_without_heldout_files_gets_no_new_section(tmp_path):
 
 
 def test_mechanism_table_only_for_runs_that_logged_it(tmp_path):
-    from train.stability import MECHANISM_FIELDS
-    from train.study.report import write_report
+    from study.report import write_report
+    from study.stability import MECHANISM_FIELDS
 
     study = make_study(tmp_path / "study", gain=4, noise=[0, 1, -1], seeds=3)
     for p in study.glob("runs/s_grpo/seed*/metrics.jsonl"):  # s_grpo's filter touched 20% of tokens, 5% of completions
@@ -403,8 +403,8 @@ def test_mechanism_table_only_for_runs_that_logged_it(tmp_path):
 
 def test_figures_and_curves(tmp_path):
     pytest.importorskip("matplotlib")
-    from train.study.curves import curve_data, step_series
-    from train.study.report import write_report
+    from study.curves import curve_data, step_series
+    from study.report import write_report
 
     recs = [{"step": s, "kl_from_init": {2: 0.2, 5: 0.8}.get(s)} for s in range(1, 7)]
     assert step_series(recs, "kl_from_init") == {2: 0.2, 5: 0.8}
@@ -421,7 +421,7 @@ def test_figures_and_curves(tmp_path):
 
 
 def test_run_files_are_published_with_heldout_when_present(tmp_path):
-    from train.study.results import copy_run_files, is_finished, read_heldout
+    from study.results import copy_run_files, is_finished, read_heldout
 
     src = write_run(tmp_path / "work", "grpo", 0, [False, True], [True, True])
     copy_run_files(src, tmp_path / "out" / "a")

@@ -100,7 +100,7 @@ MATH_ANSWERS = ["49", "9", "3/4", "9", "23", "2", "50", "1/5"]  # train/data/mat
 )
 def test_sample_files_through_the_cli(task, file, answers):
     pytest.importorskip("transformers")  # train.config's checks import the RL layer (torch)
-    from train.cli import parse_args
+    from train.config.cli import parse_args
 
     cfg, _ = parse_args(["--task", task, "--data-path", str(DATA / file)])
     loaded = make_task(cfg.task, data_path=cfg.data_path, heldout_frac=cfg.heldout_frac, seed=cfg.seed)

@@ -22,7 +22,7 @@ REPO_NAME = {folder: name for name, folder in INSTALLED_AS.items()}
 def repository_packages() -> set[str]:
     """Every folder with an __init__.py under the installed trees, by the name it is installed under."""
     out = set()
-    for top in ("sgrpo_kernels", *INSTALLED_AS.values()):
+    for top in ("sgrpo_kernels", "sgrpo_sandbox", *INSTALLED_AS.values()):
         for init in (ROOT / top).rglob("__init__.py"):
             parts = init.parent.relative_to(ROOT).parts
             if "__pycache__" in parts or "results" in parts:
@@ -40,8 +40,8 @@ def test_package_list_names_every_package():
 
 def test_no_generic_top_level_name():
     tops = {p.split(".")[0] for p in SETUPTOOLS["packages"]}
-    assert tops == {"sgrpo_kernels", "sgrpo_train", "sgrpo_bench"}, tops
-    assert INSTALLED_AS == {"sgrpo_train": "train", "sgrpo_bench": "benchmarks"}
+    assert tops == {"sgrpo_kernels", "sgrpo_sandbox", "sgrpo_train", "sgrpo_study", "sgrpo_bench"}, tops
+    assert INSTALLED_AS == {"sgrpo_train": "train", "sgrpo_study": "study", "sgrpo_bench": "benchmarks"}
 
 
 def test_package_data_exists():
@@ -50,8 +50,8 @@ def test_package_data_exists():
         for pattern in patterns:
             assert list(folder.glob(pattern)), (package, pattern)
     # the sandbox copies its stand-alone bootstrap modules from its own folder: they must be in the package
-    for name in ("_sandbox_boot.py", "_sandbox_os.py", "sandbox_harness.py"):
-        assert (ROOT / "train" / name).is_file()
+    for name in ("boot.py", "jail.py", "protocol.py"):
+        assert (ROOT / "sgrpo_sandbox" / name).is_file()
 
 
 @pytest.mark.parametrize("script", ["sgrpo-train", "sgrpo-study", "sgrpo-bench"])

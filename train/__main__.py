@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli import parse_args
+from .config.cli import parse_args
 from .errors import TrainError
 from .run.signals import EXIT_CODES, signal_name
 

@@ -21,6 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .batch import Update
 from .config import TrainConfig
 from .distributed import Dist, from_env, shutdown
 from .errors import Refused, TrainError
@@ -37,7 +38,6 @@ from .run.signals import STOP, signal_name
 from .run.state import LoopState, commit, emergency_save, fresh_state, resume, save
 from .setup import Run, setup
 from .step import train_step
-from .update import Update
 
 
 def post_step_phases(cfg: TrainConfig, step: int) -> list[str]:

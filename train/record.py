@@ -10,10 +10,8 @@ import torch
 
 from sgrpo_kernels.rl import GroupSignals, metrics_to_floats
 
-from .mechanism import displacement_fields
+from .batch import Batch, Update
 from .rewards import format_reward
-from .rollout import Batch
-from .update import Update
 
 _STATUS = Path("/proc/self/status")
 
@@ -98,8 +96,6 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
             "loss": m["loss"],
             "kl_ref": m["kl"],
         }
-    if update.mechanism is not None:  # --log-mechanism: sums and counts, so the ranks' means give the global ratios
-        on_device |= update.mechanism
     on_device, formatted, rewards, correct = global_numbers(run, on_device, batch)
     v = metrics_to_floats(on_device)
     lv = v if m is not None else NO_LOSS
@@ -134,7 +130,4 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
         "rollout_engine": run.engine.name,  # "hf" or "vllm"
         "rollout_logp_diff": update.rollout_logp_diff,  # mean |sampler - trainer| logp; null without sampler logps
     }
-    if update.mechanism is not None:
-        record["update_norm"] = update.update_norm
-        record |= displacement_fields(v, run.dist.world if run.dist.enabled else 1)
     return run.features.record(record)

@@ -4,7 +4,7 @@
 "1,234") and strict about *value*: the reward is 1 only when the extracted number equals the answer.
 
 Code problems (HumanEval) carry a `CodeTests` as their answer: its reward checks the completion's function against the
-problem's tests in the sandbox (`train.sandbox.run_check`: the tests run in a process of their own, the completion's
+problem's tests in the sandbox (`sgrpo_sandbox.run_check`: the tests run in a process of their own, the completion's
 code in another, only data passes between them) instead of comparing numbers. `correctness_rewards` scores a
 batch, the code in parallel.
 """
@@ -20,9 +20,12 @@ import os
 import re
 import sys
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from .errors import TrainError
-from .sandbox import FunctionCheck, Limits, run_check, run_many
+
+if TYPE_CHECKING:  # the sandbox loads when a code problem is made or graded: --help and the other tasks skip it
+    from sgrpo_sandbox import FunctionCheck, Limits
 
 _FRAC = re.compile(r"\\[dt]?frac\{\s*(-?\d+)\s*\}\{\s*(\d+)\s*\}")  # \frac{1}{2} -> 1/2
 # "the answer is 17" -- but not "the answer is 7 * 6 = 42" (an expression, whose result is the last number)
@@ -129,6 +132,8 @@ def correctness_reward(completion: str, truth: str | int | float) -> float:
     if isinstance(truth, RowAnswer) and truth.grader is not None:
         return float(truth.grader([completion], [truth.prompt], [truth.fields])[0] > 0)
     if isinstance(truth, CodeTests):
+        from sgrpo_sandbox import run_check
+
         return float(run_check(truth.function_check(completion), truth.limits).passed)
     if isinstance(truth, MathAnswer) and math_verified(completion, truth):
         return 1.0
@@ -157,6 +162,8 @@ def correctness_rewards(
     by_limits: dict[Limits, list[int]] = {}
     for i in code:
         by_limits.setdefault(truths[i].limits, []).append(i)
+    from sgrpo_sandbox import run_many
+
     for limits, idx in by_limits.items():
         results = run_many([truths[i].function_check(completions[i]) for i in idx], limits, max_workers)
         for i, r in zip(idx, results):
@@ -193,6 +200,8 @@ class CodeTests(str):
     metrics show -- so that everything that carries answers passes it on unchanged."""
 
     def __new__(cls, name: str, prompt: str, test: str, entry_point: str, limits: Limits | None = None):
+        from sgrpo_sandbox import Limits
+
         self = super().__new__(cls, name)
         self.prompt, self.test, self.entry_point = prompt, test, entry_point
         self.limits = limits or Limits()
@@ -207,6 +216,8 @@ class CodeTests(str):
         prompt's); the trusted checker runs the prompt (its helper functions, which some tests call, are the
         data set's, whatever the completion redefines) and the test, and calls `check` with a stand-in for
         `entry_point`."""
+        from sgrpo_sandbox import FunctionCheck
+
         program = self.prompt + code_of(completion)
         return FunctionCheck(program, self.test, self.entry_point, setup=_as_module(self.prompt))
 

@@ -7,12 +7,10 @@ forward; the sampler's own log-probs (vLLM's) are kept in the batch to measure a
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from .batch import Batch, Sampling, completion_mask
 from .engines import HFEngine, RolloutEngine
 from .engines.hf import eos_ids, hf_generate, shared_prompt_cache
 from .rewards import correctness_rewards, extract_answer, format_reward
@@ -33,42 +31,6 @@ __all__ = [  # hf_generate, shared_prompt_cache, eos_ids: the HF engine's, impor
 ]
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """How the training rollouts sample (`rollout`'s keyword arguments; the loss uses the same temperature)."""
-
-    group_size: int
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    system_prompt: str | None
-    format_weight: float
-
-    @classmethod
-    def of(cls, cfg, system_prompt: str | None, group_size: int | None = None, format_weight: float = 0.0):
-        """The sampling of a trainer configuration (`cfg.group_size` unless `group_size` is given)."""
-        n = cfg.group_size if group_size is None else group_size
-        return cls(n, cfg.max_new_tokens, cfg.temperature, cfg.top_p, system_prompt, format_weight)
-
-    def kwargs(self) -> dict:
-        """`rollout`'s keyword arguments."""
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class Batch:
-    """B * G completions; rows g*G .. g*G+G-1 belong to prompt g (the RL layer's group layout)."""
-
-    prompt_ids: Tensor  # (N, P) left-padded
-    prompt_mask: Tensor  # (N, P)
-    completion_ids: Tensor  # (N, T) right-padded; the first EOS is kept (the policy learns to stop)
-    completion_mask: Tensor  # (N, T) bool
-    texts: list[str]
-    rewards: Tensor  # (N,) float32
-    correct: Tensor  # (N,) bool
-    sampler_logp: Tensor | None = None  # (N, T) float32 the sampler's log-probs of completion_ids (vLLM); None: HF
-
-
 def chat_prompts(tokenizer, problems: list[Problem], system_prompt: str | None) -> list[str]:
     out = []
     for p in problems:
@@ -77,15 +39,6 @@ def chat_prompts(tokenizer, problems: list[Problem], system_prompt: str | None) 
         ]
         out.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
     return out
-
-
-def completion_mask(ids: Tensor, eos_ids: set[int]) -> Tensor:
-    """Valid tokens: everything up to and including the first EOS of each row."""
-    is_eos = torch.zeros_like(ids, dtype=torch.bool)
-    for e in eos_ids:
-        is_eos |= ids == e
-    after = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # strictly after the first EOS
-    return ~after
 
 
 def score(texts: list[str], answers: list[str], format_weight: float) -> tuple[Tensor, Tensor]:

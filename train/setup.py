@@ -65,8 +65,7 @@ class Run:
     dist: Dist = ALONE  # this process's place in a torchrun job
     probe: dict | None = None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
     features: Features = field(default_factory=lambda: Features([]))
-    tis_cap: float = 0.0  # truncated importance sampling of a vLLM rollout's loss (0 = off; train/update.py)
-    log_mechanism: bool = False  # the update norm and likelihood displacement in each step record (train/mechanism.py)
+    tis_cap: float = 0.0  # truncated importance sampling of a vLLM rollout's loss (0 = off; train/loss.py)
 
     @property
     def system_prompt(self) -> str | None:
@@ -150,7 +149,6 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
         tis_cap=cfg.tis_cap,
-        log_mechanism=cfg.log_mechanism,
     )
     run.features = build_features(cfg, run)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)

@@ -14,6 +14,7 @@ from ..features import (
     dense_reward,
     dynamic_sampling,
     grad_penalty,
+    mechanism,
     ppo_epochs,
     step_guard,
     trust_region,
@@ -26,8 +27,10 @@ __all__ = ["Feature", "Features", "build_features", "register_feature", "unregis
 Factory = Callable[[object, object], Feature | None]
 
 # Hook order: rewards are rescored before dynamic sampling judges them; the trust region projects a step before the
-# step guard checks it; the collapse flag reads the finished record.
+# step guard checks it; the collapse flag reads the finished record. The mechanism log is first: its fields come first
+# in the record.
 FACTORIES: list[Factory] = [
+    mechanism.from_run,  # --log-mechanism: measures only (no other feature reads it)
     user_reward.from_run,  # --reward: the training reward is the user's functions' (before anything reads it)
     dense_reward.from_run,
     dynamic_sampling.from_run,

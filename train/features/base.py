@@ -14,19 +14,22 @@ generator, a history) it returns from `state_dict`; the checkpoint saves that fo
     after_backward the gradient of each pass is in `.grad` (may replace it)
     before_optimizer_step / after_optimizer_step   around each optimizer step (may undo it: return why)
     undo_step      an exception cut the optimizer step short: put the weights back if it can
+    after_update   once per step, after the last optimizer pass (gradients freed, before the schedule's step)
     record         fields of the step's metrics record
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from ..mechanism import global_norm  # noqa: F401 (the features' norm; it lives with the step's other measures)
+import torch
+from torch import Tensor
 
 
 class Feature:
     name = "feature"  # the key of its state in a checkpoint; unique among the registered features
     epochs = 1  # optimizer passes over each rollout batch that it asks for (the step makes the largest)
+    wants_old_logp = False  # the step keeps the policy's log-probs before the update (`Update.old_logp`) for it
 
     def rescore(self, batch, problems: list):
         return batch
@@ -56,6 +59,9 @@ class Feature:
         """An exception cut the optimizer step short (`first`: no earlier step of this batch was applied): True when
         the weights and optimizer state are back to what they were before the batch."""
         return False
+
+    def after_update(self, batch, update) -> None:
+        pass
 
     def record(self, record: dict) -> dict:
         return {}
@@ -122,6 +128,14 @@ class Features:
     def undo_step(self, first: bool) -> bool:
         return any([f.undo_step(first) for f in self.items])
 
+    def after_update(self, batch, update) -> None:
+        for f in self.items:
+            f.after_update(batch, update)
+
+    @property
+    def wants_old_logp(self) -> bool:
+        return any(f.wants_old_logp for f in self.items)
+
     def record(self, record: dict) -> dict:
         for f in self.items:
             record = record | f.record(record)
@@ -139,3 +153,21 @@ class Features:
         for f in self.items:
             if f.name in states:
                 f.load_state_dict(states[f.name])
+
+
+def global_norm(tensors: Iterable[Tensor]) -> float:
+    """The L2 norm of tensors taken together as one vector, accumulated in float64."""
+    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+@torch.no_grad()
+def snapshot(params: Iterable[Tensor]) -> list[Tensor]:
+    """A copy of `params` (theta_old), to measure a step against."""
+    return [p.detach().clone() for p in params]
+
+
+@torch.no_grad()
+def step_norm(params: Iterable[Tensor], old: Iterable[Tensor]) -> float:
+    """||params - old|| of all tensors taken together as one vector, accumulated in float64."""
+    return global_norm(p - o for p, o in zip(params, old))

@@ -10,8 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..features.base import Feature
-from ..mechanism import snapshot, step_norm
+from ..features.base import Feature, snapshot, step_norm
 
 
 @torch.no_grad()

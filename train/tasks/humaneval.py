@@ -1,5 +1,5 @@
 """`--task humaneval`: OpenAI's HumanEval (Python functions to complete), each completion run against the problem's
-tests in the sandbox (train/sandbox.py); split by a hash of the task id."""
+tests in the sandbox (sgrpo_sandbox); split by a hash of the task id."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import gzip
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..rewards import CodeTests
-from ..sandbox import Limits, describe_isolation
 from ..tasks.base import Problem, _is_heldout, check_template
 from ..tasks.registry import register_task
+
+if TYPE_CHECKING:
+    from sgrpo_sandbox import Limits
 
 HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the complete function in a Python code block.\n\n"
@@ -34,7 +37,7 @@ def humaneval_path() -> Path:
 class HumanEvalTask:
     """OpenAI's HumanEval: 164 Python functions to complete from a signature and docstring. The answer of a problem
     is a `CodeTests`: the reward of a completion is 1 when the problem's `check(entry_point)` passes on it, judged
-    outside the completion's process (train/sandbox.py, with `limits`), else 0. The problems whose task id hashes
+    outside the completion's process (sgrpo_sandbox, with `limits`), else 0. The problems whose task id hashes
     into the held-out bucket are held out (about `heldout_frac` of them, the same for every seed)."""
 
     system_prompt: str | None = None  # the chat template's default
@@ -69,6 +72,8 @@ class HumanEvalTask:
 
 @register_task("humaneval", help="HumanEval Python functions, checked by running their tests in the sandbox")
 def make_humaneval(*, prompt_template: str | None, heldout_frac: float, **_) -> HumanEvalTask:
+    from sgrpo_sandbox import describe_isolation  # loaded with the task that runs code, not with the registry
+
     task = HumanEvalTask(prompt_template or HUMANEVAL_TEMPLATE, heldout_frac)
     print(describe_isolation())  # the run's log says how isolated the code it executes is
     return task

@@ -1,5 +1,5 @@
 """Transient and persistent collapse of a run, from its metrics.jsonl and summary.json (the v2 study's collapse
-endpoint, docs/study-v2-preregistration.md). The three collapse rules are train/stability.py's (low entropy, entropy
+endpoint, docs/study-v2-preregistration.md). The three collapse rules are study/stability.py's (low entropy, entropy
 blow-up, signal death, each over a window of consecutive steps); what is new is when a rule counts:
 
 - an *event* is a step at which a rule holds (its window ends there);
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import math
 
-from ..stability import RULES, CollapseRules
+from .stability import RULES, CollapseRules
 
 LAST = 10  # an event in the last LAST steps of a run makes its collapse persistent
 
 
 def event_steps(steps: list[dict], rules: CollapseRules) -> dict[str, list[int]]:
-    """{rule name: the step numbers at which the rule holds}, for each rule of train/stability.py's RULES. `steps`:
+    """{rule name: the step numbers at which the rule holds}, for each rule of study/stability.py's RULES. `steps`:
     the run's step records, in step order."""
     return {name: [steps[i]["step"] for i in range(len(steps)) if rule(steps[: i + 1], rules)]
             for name, rule in RULES.items()}  # fmt: skip

@@ -18,8 +18,8 @@ import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .config import RUN_PRESETS, TrainConfig
 from .fields import ConfigError, check_field, field_specs
+from .train_config import RUN_PRESETS, TrainConfig, parse_flag_text
 
 # Keys of a run's config.json "train" section that are actions of the invocation that wrote it, not configuration:
 # re-running from the file starts a new run (add --resume or --overwrite to the command to say otherwise).
@@ -189,8 +189,6 @@ def _parse_text(path: Path) -> object:
 def _field_value(name: str, value, where: str):
     """A file's value for field `name`, checked as the flag's: text is parsed exactly as the flag parses it (YAML reads
     `5e-5` as text), an integer is accepted for a number."""
-    from .cli import parse_flag_text  # the flags' own parser (cli imports this module lazily too)
-
     spec = field_specs(TrainConfig)[name]
     if not isinstance(value, str | int | float | bool | None):  # a list, a mapping, a date: never a field's value
         raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}")
@@ -244,7 +242,7 @@ def _unknown(key: str, where: str) -> ConfigFileError:
 def _loss_overrides_of(train: dict, loss: dict, where: str) -> dict:
     """The --loss.FIELD overrides a run had: the fields where its effective LossConfig (config.json's "loss") differs
     from the one its preset and `loss` string make."""
-    from .run.metrics import dumps
+    from ..run.metrics import dumps
 
     cfg = TrainConfig(**train)
     base = json.loads(dumps(dataclasses.asdict(cfg.loss_config())))  # as config.json holds it (tuples as lists)
@@ -296,3 +294,7 @@ def read_config_file(path: str | Path) -> ConfigFile:
         except ConfigError as exc:
             raise ConfigFileError(f"{where}: key {exc.field!r}: {exc}") from None
     return out
+
+
+# the public name of the YAML/JSON reader (the study reads its own --config files with it)
+read_config_text = _parse_text

@@ -1,6 +1,7 @@
 """The trainer's configuration, declared once: `TrainConfig` (every field with its default, help and accepted values:
-train/fields.py), the named run presets, and which fields a resume may change. The CLI is built from it
-(train/cli.py). Torch-free: `--help` stays fast."""
+fields.py), the named run presets, which fields a resume may change, and how one field's text (a flag's argument, a
+--config file's value) becomes its value (`parse_flag_text`). The CLI is built from it (cli.py). Torch-free: `--help`
+stays fast."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..rewards import check_reward_spec
+from ..tasks import check_template, data_tasks, parse_levels, task_names, task_specs
 from .fields import Check, ConfigError, OneOf, Range, check_field, field_specs, option
-from .rewards import check_reward_spec
-from .tasks import check_template, data_tasks, parse_levels, task_names, task_specs
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +26,7 @@ __all__ = [
     "TrainConfig",
     "field_docs",
     "field_specs",
+    "parse_flag_text",
 ]
 
 
@@ -336,3 +338,31 @@ RUN_PRESETS: dict[str, dict] = {
         "eval_every": 25,
     },
 }
+
+
+def _bool(text: str, flag: str) -> bool:
+    from sgrpo_kernels.validation import parse_flag  # the package's strict parser (1/0, true/false, yes/no, on/off)
+
+    return parse_flag(text, flag)
+
+
+def parse_flag_text(name: str, text: str):
+    """The value of field `name` typed as `text` (a flag's argument, or text in a --config file), checked against the
+    field's declaration; a refusal is a ValueError saying what is accepted."""
+    spec, flag = field_specs(TrainConfig)[name], "--" + name.replace("_", "-")
+    try:
+        if spec.kind is bool:
+            value = _bool(text, flag)
+        elif spec.kind is int:
+            value = int(text)
+        elif spec.kind is float:
+            value = float(text)
+        else:
+            value = text
+    except ValueError:
+        raise ValueError(f"expected {spec.expected()}") from None
+    try:
+        check_field(name, value, TrainConfig)
+    except ConfigError as exc:
+        raise ValueError(exc.detail) from None
+    return value

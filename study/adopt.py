@@ -1,4 +1,4 @@
-"""python -m train.study.adopt: copy a published study's finished runs into another study under another arm name, after
+"""python -m study.adopt: copy a published study's finished runs into another study under another arm name, after
 checking that they are what that arm would run there (the same trainer configuration, field by field, but for where
 and how the run was launched). A pre-registered study pairs new arms with published runs by seed this way
 (docs/study-v2-preregistration.md): e.g. the decisive study's `grpo_nokl_tr` runs, made with `--set lr=1.5e-4`, are
@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..run.metrics import dumps
-from ..study.grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
-from ..study.results import copy_run_files, is_finished, read_manifest, write_manifest
+from .trainer import dumps
+from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
+from .results import copy_run_files, is_finished, read_manifest, write_manifest
 
 # How and where a run was launched, not what it computed: not compared
 LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")
@@ -39,7 +39,7 @@ def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], ov
     is a ValueError naming it. Returns the keys adopted."""
     arm = {**ARMS, **RESEARCH_ARMS}.get(dst_arm)
     if arm is None:
-        raise ValueError(f"--as {dst_arm!r}: not an arm of train/study/grid.py")
+        raise ValueError(f"--as {dst_arm!r}: not an arm of study/grid.py")
     manifest = read_manifest(dst) or {"regime": dst.name, "overrides": overrides, "arms": {}, "runs": {}}
     if manifest.get("overrides") != overrides:
         raise ValueError(f"{dst}: its overrides are {manifest.get('overrides')}, these are {overrides}")
@@ -64,11 +64,11 @@ def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], ov
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.study.adopt", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m study.adopt", description=__doc__.split("\n\n")[0])
     p.add_argument("--from", dest="src", type=Path, required=True, help="the published study's results folder")
     p.add_argument("--arm", required=True, help="the arm's name there")
     p.add_argument("--to", dest="dst", type=Path, required=True, help="the study's results folder to copy into")
-    p.add_argument("--as", dest="dst_arm", required=True, help="the arm's name in that study (train/study/grid.py)")
+    p.add_argument("--as", dest="dst_arm", required=True, help="the arm's name in that study (study/grid.py)")
     p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--regime", default="decisive", choices=sorted(REGIMES), help="the destination's regime")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="its extra trainer overrides")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
         keys = adopt(args.src, args.arm, args.dst, args.dst_arm, seeds, overrides)
     except ValueError as exc:
-        print(f"python -m train.study.adopt: {exc}", file=sys.stderr)
+        print(f"python -m study.adopt: {exc}", file=sys.stderr)
         return 2
     print(f"adopted {len(keys)} run(s) into {args.dst}: {', '.join(keys)}")
     return 0

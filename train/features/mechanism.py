@@ -13,66 +13,29 @@ the likelihood of the step's own completions.
 
 The displacement is reduced as sums and counts (`displacement_sums`), so that the ranks of a torchrun job add up to
 the global batch's means exactly (`displacement_fields`); an empty set gives NaN (null in metrics.jsonl).
+
+A feature (`MechanismLog`), first in the record: it snapshots the weights before the update, asks the step to keep
+the policy's log-probs before it (`wants_old_logp`: the first pass's own, from its hidden states, or the PPO epochs'
+old log-probs), measures after the update (`after_update`) and adds its fields to the record.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import torch
 from torch import Tensor
 
-from sgrpo_kernels import linear_logprobs
-from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.rl import conflict_weights
+from sgrpo_kernels.rl import conflict_weights, metrics_to_floats
 
-from .policy import token_logprobs
+from ..features.base import Feature, snapshot, step_norm
+from ..policy import token_logprobs
 
 # displacement_sums' entries, in order: (sum of the per-completion mean displacements, count) of the correct
 # completions that share a token with a wrong one, of all correct ones, of the wrong ones; and how many of the first
 # set went down
 SUMS = ("ld_sum_cs", "ld_n_cs", "ld_sum_c", "ld_n_c", "ld_sum_w", "ld_n_w", "ld_n_down")
 FIELDS = ("ld_correct_shared", "ld_correct", "ld_wrong", "ld_displaced_frac")
-
-
-def global_norm(tensors: Iterable[Tensor]) -> float:
-    """The L2 norm of tensors taken together as one vector, accumulated in float64."""
-    norms = [torch.linalg.vector_norm(t.detach(), dtype=torch.float64) for t in tensors]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-
-
-@torch.no_grad()
-def snapshot(params: Iterable[Tensor]) -> list[Tensor]:
-    """A copy of `params` (theta_old), to measure a step against."""
-    return [p.detach().clone() for p in params]
-
-
-@torch.no_grad()
-def step_norm(params: Iterable[Tensor], old: Iterable[Tensor]) -> float:
-    """||params - old|| of all tensors taken together as one vector, accumulated in float64."""
-    return global_norm(p - o for p, o in zip(params, old))
-
-
-@torch.no_grad()
-def head_logprobs(
-    model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None, check_targets: bool | None = False
-) -> Tensor:
-    """Log-probs [N, T] of `targets` from hidden states [N, T, D] already computed (the loss's own forward): only the
-    LM head runs, with the op and head options of the loss; detached. Positions with target -100 get 0.
-    `check_targets`: as in `linear_logprobs` (default False: the loss's own call checks them)."""
-    head = lm_head(model)
-    logp, _ = linear_logprobs(
-        hidden.detach(),
-        head.weight.detach(),
-        targets,
-        temperature=temperature,
-        return_entropy=False,
-        backend=backend,
-        check_targets=check_targets,
-        **head.options(),
-    )
-    return logp.detach()
 
 
 def shared_with_wrong(completion_ids: Tensor, completion_mask: Tensor, correct: Tensor, group_size: int) -> Tensor:
@@ -141,3 +104,34 @@ def measure(run, batch, old_logp: Tensor | None, before: list[Tensor]) -> tuple[
     shared = shared_with_wrong(batch.completion_ids, batch.completion_mask, batch.correct, g)
     sums = displacement_sums(old_logp, new, batch.completion_mask.to(new.device), batch.correct, shared)
     return norm, dict(zip(SUMS, sums.unbind()))
+
+
+class MechanismLog(Feature):
+    name = "mechanism"
+    wants_old_logp = True
+
+    def __init__(self, run):
+        self.run = run  # its params, model, sampling and process group, read at each step
+        self.before: list[Tensor] | None = None
+        self.norm, self.sums = math.nan, None
+
+    def before_update(self) -> None:
+        self.before = snapshot(self.run.params)  # theta_old
+
+    def after_update(self, batch, update) -> None:
+        self.norm, self.sums = measure(self.run, batch, update.old_logp, self.before)
+        self.before = None
+
+    def record(self, record: dict) -> dict:
+        """`update_norm` and the displacement's fields; under torchrun the sums are the ranks' means (as float32, as
+        the record's other on-device numbers), whose ratios are the global batch's."""
+        sums, dist = self.sums, self.run.dist
+        if dist.enabled:
+            means = dist.mean(torch.stack([sums[k].float() for k in SUMS]))
+            sums = {k: means[i] for i, k in enumerate(SUMS)}
+        fields = displacement_fields(metrics_to_floats(sums), dist.world if dist.enabled else 1)
+        return {"update_norm": self.norm, **fields}
+
+
+def from_run(cfg, run) -> MechanismLog | None:
+    return MechanismLog(run) if cfg.log_mechanism else None

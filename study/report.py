@@ -10,12 +10,11 @@ import math
 import statistics
 from pathlib import Path
 
-from ..stability import RULES
-from ..study.curves import plot_curves
-from ..study.decide import evaluate, facts, interim_banner, plan_markdown
-from ..study.figure import plot_forest, plot_study
-from ..study.grid import RESEARCH_ARMS
-from ..study.heldout import (
+from .curves import plot_curves
+from .decide import evaluate, facts, interim_banner, plan_markdown
+from .figure import plot_forest, plot_study
+from .grid import RESEARCH_ARMS
+from .heldout import (
     collapse_tests,
     heldout_contrasts,
     heldout_markdown,
@@ -23,11 +22,12 @@ from ..study.heldout import (
     heldout_tests,
     write_heldout_csv,
 )
-from ..study.prereg import PLANS
-from ..study.results import finished_runs, load_run, read_manifest, write_json
+from .prereg import PLANS
+from .results import finished_runs, load_run, read_manifest, write_json
+from .stability import RULES
 
 BASELINE = "grpo"
-# A study of research arms (variants of S-GRPO, train.study.grid.RESEARCH_ARMS) is also paired against this arm:
+# A study of research arms (variants of S-GRPO, study.grid.RESEARCH_ARMS) is also paired against this arm:
 # what a method adds to S-GRPO is its difference from s_grpo, not from grpo
 RESEARCH_BASELINE = "s_grpo"
 

@@ -1,7 +1,7 @@
 """The v2 study's pre-registered plans as data: for each study (its results folder's name), the arms with their
 planned seeds, the contrasts (linear combinations of arms' held-out accuracy after training, paired by seed), the
 Fisher tests of persistent collapse, the hypotheses and the rules that decide them. docs/study-v2-preregistration.md
-states the same in words; train/study/decide.py evaluates a plan on a study's run files, and the report prints, for
+states the same in words; study/decide.py evaluates a plan on a study's run files, and the report prints, for
 each hypothesis, which rule fired. Frozen at the pre-registration's tag: a change after it goes into a dated addendum
 (a new plan name), never into these tables.
 
@@ -11,7 +11,7 @@ decision; when none does, the decision is "inconclusive". Conditions (each decid
 - ("higher", C) / ("lower", C): C's mean is above / below 0 and its Holm-adjusted p (over the plan's family) < ALPHA;
 - ("mean_at_least", C, x): C's mean over its seeds is >= x (a screen, no test);
 - ("persistent_at_most", arm, k) / ("persistent_at_least", arm, k): the arm's runs with a persistent collapse
-  (train/study/collapse.py) number at most / at least k (a 4th item: over those seeds, not the arm's planned ones);
+  (study/collapse.py) number at most / at least k (a 4th item: over those seeds, not the arm's planned ones);
 - ("clip_active", arm, None, seeds): every run of the arm (of `seeds`) clipped at least one token's ratio
   (clip_frac > 0 at some step)."""
 
@@ -65,7 +65,7 @@ class Plan:
     contrasts: tuple[Contrast, ...]
     fishers: tuple[Fisher, ...]
     hypotheses: tuple[Hypothesis, ...]
-    adopted: dict[str, str]  # arm -> the published folder/arm its runs are copied from (train.study.adopt)
+    adopted: dict[str, str]  # arm -> the published folder/arm its runs are copied from (study.adopt)
     # arm -> ((hypothesis, rule), seeds): the arm's planned seeds become `seeds` when that rule fired (a screen's
     # confirmation); until then, and when it did not fire, they are the ones in `arms`
     extend: dict[str, tuple[tuple[str, str], tuple[int, ...]]] = field(default_factory=dict)

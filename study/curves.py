@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
-from ..study.results import finished_runs, read_records
+from .results import finished_runs, read_records
 
 CURVES = (
     # (key, title, y label, interpolate between the steps where it is logged)

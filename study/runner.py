@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..run.machine import cpu_info
-from ..study.grid import RunSpec
-from ..study.results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
+from .grid import RunSpec
+from .results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
+from .trainer import cpu_info
 
 
 def environment() -> dict:

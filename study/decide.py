@@ -1,4 +1,4 @@
-"""A pre-registered plan (train/study/prereg.py) evaluated on a study's run files: each contrast's paired t over seeds
+"""A pre-registered plan (study/prereg.py) evaluated on a study's run files: each contrast's paired t over seeds
 (95% and 90% intervals), the Fisher tests of persistent collapse, Holm's correction over the plan's family, and for
 each hypothesis the rule that fired. Every reading from fewer seeds than planned is marked interim, and so is every
 decision that rests on one (a Holm-adjusted p rests on the whole family). docs/study-v2-preregistration.md."""
@@ -9,16 +9,16 @@ import json
 import math
 from pathlib import Path
 
-from ..stability import CollapseRules
-from ..study import stats
-from ..study.collapse import classify
-from ..study.prereg import ALPHA, MARGIN, Plan
-from ..study.results import read_heldout, read_records, read_summary
+from .stability import CollapseRules
+from . import stats
+from .collapse import classify
+from .prereg import ALPHA, MARGIN, Plan
+from .results import read_heldout, read_records, read_summary
 
 
 def run_facts(run_dir: Path) -> dict:
     """What a plan's rules read of one run: held-out accuracy after, persistent / transient collapse
-    (train/study/collapse.py, under the run's own collapse thresholds) and whether PPO's ratio clip ever fired."""
+    (study/collapse.py, under the run's own collapse thresholds) and whether PPO's ratio clip ever fired."""
     cfg = json.loads((run_dir / "config.json").read_text())["train"]
     records, summary = read_records(run_dir), read_summary(run_dir)
     c = classify(records, summary, CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"]))
@@ -276,7 +276,7 @@ def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
     their Holm-adjusted p, and for each hypothesis the rule that fired (or INTERIM / inconclusive)."""
     done = sum(a["runs"] for a in result["arms"].values())
     planned = sum(a["planned"] for a in result["arms"].values())
-    lines = ["", f"## Pre-registered analysis (plan `{plan.name}`, train/study/prereg.py; "
+    lines = ["", f"## Pre-registered analysis (plan `{plan.name}`, study/prereg.py; "
              "docs/study-v2-preregistration.md)", ""]  # fmt: skip
     if done < planned:
         lines += [
@@ -288,7 +288,7 @@ def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
         f"Primary endpoint: held-out accuracy after training. Paired t over seeds (two-sided, alpha {ALPHA}); "
         f"Holm's correction over the family ({', '.join(result['family'])}); equivalence: the 90% CI inside "
         f"+-{MARGIN:.2f}. Collapse is persistent when a collapse rule holds in the last 10 steps or held-out "
-        "accuracy after is at most before (train/study/collapse.py); transient otherwise. Adopted runs: "
+        "accuracy after is at most before (study/collapse.py); transient otherwise. Adopted runs: "
         + (", ".join(f"{a} from {src}" for a, src in plan.adopted.items()) or "none")
         + ".",
         "",

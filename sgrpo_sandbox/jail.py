@@ -1,6 +1,6 @@
-"""The operating-system side of the sandbox's bootstrap (train/_sandbox_boot.py): namespaces, the private file system,
-the IPC bounds, confining a child, and killing what is left. Standard library only, cheap to import; imported by the
-bootstrap as a top-level module (not as part of the train package).
+"""The operating-system side of the sandbox's bootstrap (boot.py): namespaces, the private file system,
+the IPC bounds, confining a child, and killing what is left. Standard library only, cheap to import; loaded by the
+bootstrap by its file path under a private name (boot.py `_sibling`), and by host.py as part of the package.
 """
 
 import ctypes
@@ -218,7 +218,7 @@ def confine(limits: dict, uid: int | None, fds: list[int], workdir: str, path: s
 def poll_exit(pid: int, deadline: float, exited, tick: float):
     """`exited()` (a result, or None while `pid` runs) once `pid` exits, or None at the deadline (monotonic clock).
     Sleeps on the process's pidfd where there is one, else polls every `tick` seconds. Shared with the trainer's
-    side (train/_sandbox_host.py)."""
+    side (host.py)."""
     try:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):

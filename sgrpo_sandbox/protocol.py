@@ -1,7 +1,7 @@
-"""The function-check protocol of `train.sandbox.run_check`: the dataset's test and the model's function never share a
+"""The function-check protocol of `sgrpo_sandbox.run_check`: the dataset's test and the model's function never share a
 process, so nothing the function does can change the verdict except the values it returns.
 
-Two processes, started by the sandbox's bootstrap (train/_sandbox_boot.py), each with a uid of its own:
+Two processes, started by the sandbox's bootstrap (boot.py), each with a uid of its own:
 
 - the candidate (untrusted: the completion) runs the program that defines the function, then `serve`s calls: it
   decodes each call's arguments (fresh copies), calls its function, and sends back the value and the new contents

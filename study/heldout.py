@@ -8,8 +8,8 @@ import csv
 import math
 from pathlib import Path
 
-from ..study import stats
-from ..study.results import load_heldout
+from . import stats
+from .results import load_heldout
 
 HELDOUT_BASELINES = ("grpo", "grpo_nokl")  # with a reference, and the naive reference-free baseline
 

@@ -16,8 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..run.metrics import write_json as _write_json
-from ..stability import CollapseRules, run_metrics
+from .stability import CollapseRules, run_metrics
+from .trainer import write_json as _write_json
 
 MANIFEST = "manifest.json"
 # A run's files, in the order they are published: summary.json last, because its presence marks the run finished

@@ -7,11 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli import parse_args
-from ..config import PRESET_LOSS_DEFAULTS, TrainConfig
-from ..fields import field_specs
-
-TRAINER = __package__.rpartition(".")[0]  # the trainer package as imported: `train` in a checkout
+from .trainer import PRESET_LOSS_DEFAULTS, TRAINER, TrainConfig, field_specs, parse_args
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,7 @@ ARMS: dict[str, Arm] = {
 }
 
 # Research arms for the methods of docs/rl.md: not part of the main comparison (`--arms` defaults to ARMS only); run
-# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train/config.py's
+# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train.config's
 # PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms keep the s_grpo
 # arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
 RESEARCH_ARMS: dict[str, Arm] = {
@@ -98,7 +94,7 @@ RESEARCH_ARMS: dict[str, Arm] = {
     )
 }  # fmt: skip
 
-# The v2 study's arms (docs/study-v2-preregistration.md; train/study/prereg.py's plans): a method at a learning rate
+# The v2 study's arms (docs/study-v2-preregistration.md; study/prereg.py's plans): a method at a learning rate
 # of its own, so arms at several rates share a results folder (the regime must then leave lr to the arms: no --set lr).
 # Named METHOD_lrRATE; the 1.5e-4 ones are the decisive study's grpo, grpo_nokl and grpo_nokl_tr, adopted by seed.
 _NOKL, _TR = "GRPO with beta = 0", "GRPO with beta = 0 + the trust region ||theta - theta_old|| <= 0.1"

@@ -1,6 +1,6 @@
-"""The sandbox's bootstrap, run by `train.sandbox` (read its docstring) as `python -S -s -B -c LAUNCH DIR CONFIG`:
-imported from DIR, where the trainer keeps this module and its two helpers compiled once (`main(CONFIG)`); or, where
-that cannot be, as the script `python -S -s -B _sandbox_boot.py CONFIG`.
+"""The sandbox's bootstrap, run by `sgrpo_sandbox.run` (read the package docstring) as `python -S -s -B -c LAUNCH PATH
+CONFIG`: loaded by its file path PATH, boot.pyc in the private directory where the host keeps this module and its two
+helpers compiled once, or (where that cannot be) this file; then `main(CONFIG)`.
 
 A fresh single-threaded interpreter, in its own session, with an almost empty environment (PYTHONHASHSEED=0, for the
 same str hashes every time, and PYTHONSAFEPATH=1). Three generations of processes:
@@ -9,10 +9,10 @@ same str hashes every time, and PYTHONSAFEPATH=1). Three generations of processe
   (each where the OS allows: as root), bounds SysV IPC in its namespace, and forks
 - the supervisor: PID 1 of the new PID namespace, dying with the outer (PR_SET_PDEATHSIG; when it dies, the kernel
   kills every process of the namespace, whatever uid they took); it builds the private file system
-  (train/_sandbox_os.py), forks the children below, enforces the deadline, kills and reaps everything, and writes the
+  (jail.py), forks the children below, enforces the deadline, kills and reaps everything, and writes the
   status line on the private status pipe (the children do not hold it);
 - the children: for `run_python`, the program; for `run_check`, the candidate (the untrusted program, then
-  `sandbox_harness.serve`) and the checker (the trusted test, `sandbox_harness.run_checker`), each with resource
+  `protocol.serve`) and the checker (the trusted test, `protocol.run_checker`), each with resource
   limits and, as root, a uid of its own: UID_BASE + the outer's pid for the program or candidate, and that +
   CHECKER_UID_OFFSET for the checker.
 
@@ -23,17 +23,31 @@ Status line: JSON {"status": passed / failed / timeout / error, "exit_code": int
 starts once per program.
 """
 
+import _frozen_importlib
+import _frozen_importlib_external
 import os
 import select
 import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)  # the helper modules next to this file, imported by name (this is not the train package)
-import _sandbox_os as sos  # noqa: E402
-import sandbox_harness as harness  # noqa: E402
 
-sys.path[:] = [p for p in sys.path if p not in (_HERE, "")]
+
+def _sibling(name: str):
+    """The module `name` beside this file (name.pyc in the private directory, or name.py in the package), loaded by its
+    file path under a private name: nothing goes on sys.path (where a generic name could shadow the standard library)
+    and the program sees no module named `jail` or `protocol`. The cheap loader: importlib.util costs ~14 ms."""
+    path = os.path.join(_HERE, name + (".pyc" if __file__.endswith(".pyc") else ".py"))
+    spec = _frozen_importlib_external.spec_from_file_location("_sgrpo_sandbox_" + name, path)
+    module = _frozen_importlib.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sos = _sibling("jail")
+harness = _sibling("protocol")
+sys.path[:] = [p for p in sys.path if p != ""]
 
 UID_BASE = 2_000_000_000  # the program's uid/gid: UID_BASE + the outer's pid (owned by no account)
 CHECKER_UID_OFFSET = 1 << 22  # the checker's: beyond any pid (PID_MAX_LIMIT), so no sandbox's uids collide

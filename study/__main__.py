@@ -1,4 +1,4 @@
-"""python -m train.study: a grid of arms x seeds under one regime, resumable, then its report. docs/study.md."""
+"""python -m study: a grid of arms x seeds under one regime, resumable, then its report. docs/study.md."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..study.grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
-from ..study.report import write_report
-from ..study.results import finished_runs
-from ..study.runner import Manifest, run_grid
+from .grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
+from .report import write_report
+from .results import finished_runs
+from .runner import Manifest, run_grid
 
 RESULTS = Path("benchmarks/results/study")
 WORK = Path("runs/study")
@@ -107,7 +107,8 @@ def config_argv(path: str) -> list[str]:
     """A --config file (YAML or JSON mapping of the options below, as `regime: default`, `seeds: [0, 1]`,
     `set: [max_steps=10]`) as the flags it stands for; an unknown key or a file that is not such a mapping is a
     ValueError naming it. Flags typed on the command line come after, so they win."""
-    from ..config_file import ConfigFileError, _parse_text
+    from .trainer import ConfigFileError
+    from .trainer import read_config_text as _parse_text
 
     options = {a.dest: a for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "config")}
     try:
@@ -150,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = build_parser().parse_args(argv)
     if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last silently
-        print("python -m train.study: --config given more than once; give one file", file=sys.stderr)
+        print("python -m study: --config given more than once; give one file", file=sys.stderr)
         return 2
     if first.config is not None:
         try:
             argv = config_argv(first.config) + argv
         except ValueError as exc:
-            print(f"python -m train.study: {exc}", file=sys.stderr)
+            print(f"python -m study: {exc}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
     if args.report is not None:
@@ -181,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             spec.config()  # every run's arguments, checked before the first starts
         manifest = Manifest(out, name, overrides, {spec.arm.name: spec.arm.as_dict() for spec in specs})
     except ValueError as exc:
-        print(f"python -m train.study: {exc}", file=sys.stderr)
+        print(f"python -m study: {exc}", file=sys.stderr)
         return 2
     for flag, folder in (("--out", out), ("--work", work)):
         if problem := unwritable(flag, folder):
-            print(f"python -m train.study: {problem}", file=sys.stderr)
+            print(f"python -m study: {problem}", file=sys.stderr)
             return 2
     manifest.save()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if finished_runs(out):
         if problem := report_problem(out, args.arms, not args.no_figure):
-            print(f"python -m train.study: the runs are kept in {out}, but no report was written: {problem}",
+            print(f"python -m study: the runs are kept in {out}, but no report was written: {problem}",
                   file=sys.stderr)  # fmt: skip
             return 2
         print(f"report: {out / 'study.md'}")

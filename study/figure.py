@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..study.heldout import holm_by_pair
-from ..study.results import finished_runs, read_records
+from .heldout import holm_by_pair
+from .results import finished_runs, read_records
 
 PANELS = (
     # (title, y label, record kind, key)

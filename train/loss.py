@@ -1,19 +1,12 @@
-"""The update of one rollout batch: for each optimizer pass, the loss on the policy's hidden states (the ops, never
-logits) -> backward -> gradient clipping -> the optimizer step, with the features' hooks around them; then the
-schedule's step.
-
-A non-finite loss or gradient skips that pass's update (weights and Adam state untouched); a step the step guard
-undoes counts as skipped too. Signals are held from the first optimizer step on (the loop releases them after the
-step's commit), so a checkpoint never sees half an update. The targets' range is checked by the step's first op
-call only: one host sync per step."""
+"""The loss of one rollout batch as a function of the current weights (`loss_function`): the policy's hidden states
+through the RL layer's fused op (never logits), with what does not change between passes computed once (targets,
+the features' loss inputs, the reference's log-probs, this rank's loss scale) and the sampler correction of a vLLM
+rollout (`sampler_correction`, TIS). The targets' range is checked by the step's first op call only: one host sync
+per step."""
 
 from __future__ import annotations
 
-import itertools
-import math
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -22,35 +15,9 @@ from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.integrations.hf import lm_head
 from sgrpo_kernels.rl import GroupSignals, logp_mismatch, truncated_importance_weights
 
+from .batch import Batch, Update
 from .distributed import Dist
-from .mechanism import head_logprobs, measure, snapshot
-from .policy import completion_targets, reference_logprobs
-from .rollout import Batch
-from .run.signals import STOP
-
-
-@dataclass
-class Update:
-    """What the optimizer passes of one batch left."""
-
-    metrics: dict[str, Tensor] | None = None  # sgrpo_loss metrics of the last pass (also a skipped one)
-    grad_norm: float = math.nan  # pre-clip norm of the last pass that got a gradient; nan when none did
-    skipped: int = 0  # passes whose update was dropped (non-finite loss, gradient, or weights after the step)
-    rollout_logp_diff: float | None = None  # mean |sampler - trainer| log-prob of the sampled tokens; None: no
-    # sampler log-probs (HF generate samples from the trainer's own forward)
-    notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
-    applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
-    # the policy's log-probs [N, T] before the update (detached): the PPO epochs' old log-probs, else the first pass's
-    # own; set when the sampler correction (a vLLM rollout) or --log-mechanism needs them, else None
-    old_logp: Tensor | None = None
-    # --log-mechanism (train/mechanism.py): the step's update norm and the likelihood displacement's sums (on-device
-    # 0-d tensors)
-    update_norm: float = math.nan
-    mechanism: dict[str, Tensor] | None = None
-
-    def skip(self, note: str) -> None:
-        self.skipped += 1
-        self.notes.append(note)
+from .policy import completion_targets, head_logprobs, reference_logprobs
 
 
 def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float | None:
@@ -115,7 +82,7 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
     scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
     # the policy before the update, when something needs it: PPO epochs' old log-probs, else the first pass's own
     update.old_logp = inputs.get("old_logp")
-    wants_old = run.log_mechanism or batch.sampler_logp is not None
+    wants_old = run.features.wants_old_logp or batch.sampler_logp is not None
     group_kwargs: dict | None = None  # the first pass fills it in
 
     def forward_loss(check_targets: bool | None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -150,60 +117,3 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
         return loss, metrics
 
     return forward_loss
-
-
-def optimizer_step(run, update: Update, which: str, where: str) -> None:
-    """The optimizer step with the features around it (step guard, trust region). An exception inside it undoes it
-    when a feature can (the step guard, for the batch's first step); an undone step counts as skipped."""
-    first = not update.applied
-    run.features.before_optimizer_step()
-    update.applied = True
-    try:
-        run.optimizer.step()
-        undone = run.features.after_optimizer_step(where)
-    except BaseException:
-        if run.features.undo_step(first):
-            update.applied = False
-        raise
-    if undone is not None:
-        update.applied = not first
-        update.skip(f"{which}: {undone}")
-
-
-def optimizer_pass(run, forward_loss, update: Update, check, which: str, where: str) -> None:
-    """One pass: loss -> backward -> (features) -> clip -> optimizer step, unless the loss or gradient is
-    non-finite (on any rank: every rank skips, so they stay in step)."""
-    run.optimizer.zero_grad(set_to_none=True)
-    loss, update.metrics = forward_loss(check())
-    if run.dist.any(not bool(torch.isfinite(loss))):
-        return update.skip(f"{which}: loss {float(loss.detach())}: no backward, no optimizer step")
-    loss.backward()
-    run.features.after_backward(lambda: forward_loss(False)[0].backward())  # e.g. the gradient penalty
-    update.grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, run.max_grad_norm))
-    if not math.isfinite(update.grad_norm):
-        run.optimizer.zero_grad(set_to_none=True)
-        return update.skip(f"{which}: gradient norm {update.grad_norm}: no optimizer step")
-    STOP.hold()  # from the first optimizer step to the step's commit, a Ctrl-C / SIGTERM waits
-    optimizer_step(run, update, which, where)
-
-
-def policy_update(run, batch: Batch, groups: GroupSignals, update: Update, step: int) -> Update:
-    """Every optimizer pass over one rollout batch (`run.features.epochs` of them), then the schedule's step.
-    `update` is filled in as it goes: after an exception, `update.applied` says whether the weights moved."""
-    check = itertools.chain([None], itertools.repeat(False)).__next__  # None: env SGRPO_CHECK_TARGETS (default on)
-    theta_old = snapshot(run.params) if run.log_mechanism else None
-    run.features.before_update()
-    forward_loss = loss_function(run, batch, groups, check, update)
-    run.model.train()
-    epochs = run.features.epochs
-    for epoch in range(epochs):
-        which = f"epoch {epoch + 1}/{epochs}"
-        optimizer_pass(run, forward_loss, update, check, which, f"step {step} ({which})")
-    run.optimizer.zero_grad(set_to_none=True)
-    if theta_old is not None:  # --log-mechanism: the whole step's update, and what it did to the batch's log-probs
-        update.update_norm, update.mechanism = measure(run, batch, update.old_logp, theta_old)
-    with warnings.catch_warnings():  # a skipped (non-finite) update still advances the schedule
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-        run.scheduler.step()
-    STOP.hold()  # until the step's commit (also when every pass was skipped)
-    return update

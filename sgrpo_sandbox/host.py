@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from ._sandbox_os import poll_exit
+from .jail import poll_exit
 
 
 def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[bytes, bool]:

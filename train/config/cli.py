@@ -1,4 +1,4 @@
-"""The command line of `python -m train`, built from `TrainConfig`'s declarations (train/config.py): every field is a
+"""The command line of `python -m train`, built from `TrainConfig`'s declarations (train_config.py): every field is a
 `--flag` (shown with dashes; `--max_steps` works too) with its help, default and accepted values; every field of the
 RL layer's `LossConfig` is a `--loss.FIELD` flag that overrides the chosen preset. Each value is checked as it is
 parsed; a refusal names the flag, the value and what is accepted. Imports neither torch nor the package until a
@@ -15,8 +15,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .config import RUN_PRESETS, TrainConfig
-from .fields import ConfigError, OneOf, check_field, field_specs
+from .fields import ConfigError, OneOf, field_specs
+from .train_config import RUN_PRESETS, TrainConfig, parse_flag_text
 
 
 def _parse_value(text: str):
@@ -24,34 +24,6 @@ def _parse_value(text: str):
     from sgrpo_kernels.rl.algorithm import parse_value
 
     return parse_value(text)
-
-
-def _bool(text: str, flag: str) -> bool:
-    from sgrpo_kernels.validation import parse_flag  # the package's strict parser (1/0, true/false, yes/no, on/off)
-
-    return parse_flag(text, flag)
-
-
-def parse_flag_text(name: str, text: str):
-    """The value of field `name` typed as `text` (a flag's argument, or text in a --config file), checked against the
-    field's declaration; a refusal is a ValueError saying what is accepted."""
-    spec, flag = field_specs(TrainConfig)[name], "--" + name.replace("_", "-")
-    try:
-        if spec.kind is bool:
-            value = _bool(text, flag)
-        elif spec.kind is int:
-            value = int(text)
-        elif spec.kind is float:
-            value = float(text)
-        else:
-            value = text
-    except ValueError:
-        raise ValueError(f"expected {spec.expected()}") from None
-    try:
-        check_field(name, value, TrainConfig)
-    except ConfigError as exc:
-        raise ValueError(exc.detail) from None
-    return value
 
 
 def _cli_type(name: str):
@@ -145,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sgrpo-train" if Path(sys.argv[0]).name == "sgrpo-train" else f"python -m {__package__}",
         usage=USAGE,
         description="GRPO-family RL (S-GRPO, GTPO, GRPO, ...) of a causal LM on verifiable tasks. Every TrainConfig "
-        "field is a flag (train/config.py; --max_steps works like --max-steps). Numbers must be finite. Precedence: "
+        "field is a flag (train/config/; --max_steps works like --max-steps). Numbers must be finite. Precedence: "
         "a flag you type > --run-preset > the dataclass default.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=30),
         allow_abbrev=False,
@@ -233,7 +205,7 @@ def _flag_of(field: str) -> str:
 def _config_file(parser: argparse.ArgumentParser, path: str | None, typed: dict):
     """The --config file, read and checked; with --resume and no --config, the run's own OUTPUT_DIR/config.json (so a
     resume needs no flag typed again; flags that are typed again are checked against the checkpoint as always)."""
-    from .config_file import ConfigFileError, read_config_file
+    from .file import ConfigFileError, read_config_file
 
     if path is None and typed.get("resume"):
         own = Path(typed.get("output_dir", TrainConfig.output_dir)) / "config.json"
@@ -271,7 +243,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
         name = cfg.report_to
         parser.error(f"argument --report-to: {name!r} needs the {name} package: pip install {name} (the {name} extra)")
     if cfg.reward:  # the functions imported and their signatures checked now (their values: before training)
-        from .rewards import RewardError, RewardFunctions
+        from ..rewards import RewardError, RewardFunctions
 
         try:
             RewardFunctions(cfg.reward)

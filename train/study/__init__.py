@@ -1,1 +1,0 @@
-"""The stability study: python -m train.study (docs/study.md)."""
