@@ -203,6 +203,7 @@ def fmt_phases(res: dict) -> str:
                  "share": f"{100 * (total - known) / total:.1f}%"})  # fmt: skip
     steps = res["step_s_recorded"]
     s = res["summary"]
+    start = "the imports" if res["import_s"] is not None else "the trainer's start (imports not timed)"
     stopped = []
     if res.get("interrupted") and steps:
         per = sum(steps) / len(steps)  # the whole steps (the step cut short is in the steps row)
@@ -218,7 +219,7 @@ def fmt_phases(res: dict) -> str:
             "",
             markdown_table(rows, ["phase", "calls", "s", "share"]),
             "",
-            f"- wall: **{total:.0f} s** ({total // 60:.0f}:{total % 60:02.0f}) from the imports to the end; the "
+            f"- wall: **{total:.0f} s** ({total // 60:.0f}:{total % 60:02.0f}) from {start} to the end; the "
             f"summary's `wall_s` {s['wall_s']:.0f} s; peak RSS {res['peak_rss_mb'] / 1024:.2f} GiB",
             f"- the records' `step_s`: sum {sum(steps):.0f} s, mean {sum(steps) / max(len(steps), 1):.1f} s",
             f"- held-out: before {s.get('before', {}).get('eval_acc')}, after {s.get('after', {}).get('eval_acc')}",
