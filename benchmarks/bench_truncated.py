@@ -96,8 +96,9 @@ def _gate(provider: str, inputs, rows: int = 64) -> None:
     logp, ent = ref.linear_logprobs(h, weight, targets[:rows], **SETTINGS.get(provider, SETTINGS["top_k=50,top_p=0.9"]))
     gh, gw = torch.autograd.grad((logp * g_logp[:rows]).sum() + (ent * g_ent[:rows]).sum(), [h, weight])
     for name, a, e in zip(("logp", "entropy", "grad_hidden", "grad_weight"), (*got[:3], gw_got), (logp, ent, gh, gw)):
-        if not torch.allclose(a, e, rtol=1e-3, atol=1e-5):
-            raise SystemExit(f"{provider}: {name} disagrees with the naive path (max diff {(a - e).abs().max():.3g})")
+        rel = float((a - e).norm() / e.norm().clamp(min=1e-30))  # fp32 against fp32: the naive path's own error too
+        if not rel <= 1e-4:
+            raise SystemExit(f"{provider}: {name} disagrees with the naive path (relative error {rel:.3g})")
 
 
 def _worker(regime: str, N: int, providers: list[str], repeats: int, warmup: int) -> dict:
