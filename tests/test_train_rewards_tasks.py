@@ -152,7 +152,7 @@ def test_malformed_data_file_names_file_line_and_expectation(tmp_path, content, 
 def test_data_file_with_too_few_problems(tmp_path):
     path = tmp_path / "one.jsonl"
     path.write_text('{"question": "1+1", "answer": "2"}\n')
-    with pytest.raises(ValueError, match="1 problem.*at least 2"):
+    with pytest.raises(ValueError, match="1 distinct problem.*at least 2"):
         make_task("math", data_path=str(path))
 
 

@@ -16,6 +16,7 @@ from .fields import Check, ConfigError, OneOf, Range, check_field, field_specs, 
 __all__ = [
     "BACKENDS",
     "DTYPES",
+    "DATA_TASKS",
     "PRESET_LOSS_DEFAULTS",
     "PRESET_NAMES",
     "RESUME_SAFE",
