@@ -25,7 +25,9 @@ import math
 import torch
 from torch import Tensor
 
-from sgrpo_kernels.validation import check_choice, check_float_tensor, check_mask, check_number
+from sgrpo_kernels.validation import check_choice, check_float_tensor, check_number
+
+from .mismatch import _inputs  # the same checks as the token-level TIS
 
 __all__ = ["SAMPLER_IS_MODES", "off_policy_sequence_mask", "sampler_importance_weights"]
 
@@ -46,16 +48,6 @@ def check_is_bounds(mode: str, clip_max: float | None, clip_min: float | None, w
     if mode.endswith("_truncate") and clip_max is None and clip_min is None:
         raise ValueError(f"{where}mode={mode!r} needs clip_max or clip_min (a truncation with no bound is no "
                          "correction); set clip_max (TRL's default 3.0)")
-
-
-def _inputs(trainer_logp, sampler_logp, mask) -> tuple[Tensor, Tensor, Tensor]:
-    trainer_logp = check_float_tensor("trainer_logp", trainer_logp)
-    if trainer_logp.dim() != 2:
-        raise ValueError(f"trainer_logp must be 2-D [B, T], got shape {tuple(trainer_logp.shape)}")
-    shape = tuple(trainer_logp.shape)
-    sampler_logp = check_float_tensor("sampler_logp", sampler_logp, shape, " (the [B, T] of trainer_logp)")
-    mask = check_mask("mask", mask, shape, " (the [B, T] of trainer_logp)")
-    return trainer_logp.detach(), sampler_logp.detach().to(trainer_logp.dtype), mask != 0
 
 
 def sampler_importance_weights(
