@@ -31,7 +31,7 @@ BASE = [
 ]  # fmt: skip
 REWARD = ["--reward", "benchmarks.fingerprint_rewards:char_reward"]
 PRESETS = ["s_grpo", "gtpo", "gtpo_official", "grpo", "dr_grpo", "dapo", "gspo", "grpo_ef", "grpo_tc", "lite_ppo",
-           "s_grpo_afn"]  # fmt: skip
+           "s_grpo_afn", "dppo_tv", "dppo_kl", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]  # fmt: skip
 FEATURES = {
     "grpo_nokl": ["--preset", "grpo", "--loss", "beta=0"],  # the preset has the reference (beta 0.04)
     "ppo_epochs": ["--preset", "grpo", "--ppo-epochs", "2"],

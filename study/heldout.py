@@ -5,11 +5,12 @@ docs/study.md, "Statistics"."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 
 from . import stats
-from .results import load_heldout
+from .results import load_heldout, write_file
 
 HELDOUT_BASELINES = ("grpo", "grpo_nokl")  # with a reference, and the naive reference-free baseline
 
@@ -279,12 +280,13 @@ def write_heldout_csv(path: Path, tests: dict, contrasts: list[dict] = (), multi
     rows = [(b, a, r) for b, table in tests.items() for a, r in table.items()]
     rows += [(r["baseline"], r["arm"], r) for r in contrasts if r["arm"] not in tests.get(r["baseline"], {})]
     holm = holm_by_pair(multiplicity)
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(HELDOUT_CSV)
-        for baseline, arm, r in rows:
-            t, g, m = r["after"], r["gain"], r["mcnemar"]
-            w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
-                        g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
-                        *r["bootstrap_ci"], stats.reading(t, baseline),
-                        _csv_num(holm.get(frozenset((arm, baseline)), math.nan))])  # fmt: skip
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    w.writerow(HELDOUT_CSV)
+    for baseline, arm, r in rows:
+        t, g, m = r["after"], r["gain"], r["mcnemar"]
+        w.writerow([baseline, arm, t["n"], r["problems"], t["mean"], *t["ci"], t["p"], t["sd"], t["mdd"],
+                    g["mean"], g["p"], m["b"], m["c"], m["p_exact"], m["p_chi2_cc"], r["mdd_pooled"],
+                    *r["bootstrap_ci"], stats.reading(t, baseline),
+                    _csv_num(holm.get(frozenset((arm, baseline)), math.nan))])  # fmt: skip
+    write_file(path, fh.getvalue())  # whole or as it was (a full disk)

@@ -5,6 +5,7 @@ study.json and study.md next to the runs (and the figure, train/study/figure.py)
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import statistics
@@ -23,7 +24,7 @@ from .heldout import (
     write_heldout_csv,
 )
 from .prereg import PLANS
-from .results import finished_runs, load_run, read_manifest, write_json
+from .results import finished_runs, load_run, read_manifest, write_file, write_json
 from .stability import RULES
 
 BASELINE = "grpo"
@@ -253,11 +254,12 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     data = facts(dirs, runs) if plan is not None else {}
     decided = evaluate(plan, data) if plan is not None else None
     keys = list(dict.fromkeys(k for r in runs for k in r))
-    with open(study_dir / "study.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for r in sorted(runs, key=lambda r: (arm_order(runs, order).index(r["arm"]), r["seed"])):
-            w.writerow(r)
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=keys)
+    w.writeheader()
+    for r in sorted(runs, key=lambda r: (arm_order(runs, order).index(r["arm"]), r["seed"])):
+        w.writerow(r)
+    write_file(study_dir / "study.csv", table.getvalue())  # each file whole or as it was (a full disk)
     write_json(
         study_dir / "study.json",
         {
@@ -280,7 +282,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     if decided is not None:
         title, _, rest = text.partition("\n\n")
         text = f"{title}\n\n{interim_banner(decided)}{rest}" + plan_markdown(plan, decided, data)
-    (study_dir / "study.md").write_text(text)
+    write_file(study_dir / "study.md", text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
         if held or plan is not None:

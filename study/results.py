@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from .stability import CollapseRules, run_metrics
+from .trainer import atomic_writer
 from .trainer import write_json as _write_json
 
 MANIFEST = "manifest.json"
@@ -139,3 +140,18 @@ def write_json(path: Path, obj) -> None:
     """`obj` as strict JSON (a non-finite number is null), indented, written atomically: an interrupted study never
     leaves a torn file."""
     _write_json(path, obj, indent=2)
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """Text or bytes to `path`, atomically: a failed write (a full disk) leaves the previous file whole."""
+    with atomic_writer(path, "w" if isinstance(data, str) else "wb") as f:
+        f.write(data)
+
+
+def write_figure(fig, path: Path, dpi: int = 110) -> None:
+    """A matplotlib figure as PNG to `path`, atomically."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_file(path, buf.getvalue())

@@ -23,5 +23,6 @@ read_config_text = _module("config.file").read_config_text
 CollapseRules = _module("features.collapse").CollapseRules
 low_entropy_collapse = _module("features.collapse").low_entropy_collapse
 write_json = _module("run.metrics").write_json
+atomic_writer = _module("run.files").atomic_writer
 dumps = _module("run.metrics").dumps
 cpu_info = _module("run.machine").cpu_info

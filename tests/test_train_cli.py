@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from train.config import BACKENDS, DTYPES, PRESET_NAMES, RUN_PRESETS, ConfigError, Range, TrainConfig, field_docs
+from train.config import BACKENDS, DTYPES, FIELD_PRESET_NAMES, PRESET_NAMES, RUN_PRESETS, ConfigError, Range, TrainConfig, field_docs
 from train.config.cli import loss_fields, parse_args
 from train.config.fields import field_specs
 
@@ -187,10 +187,11 @@ def test_good_values_parse():
 
 def test_run_presets_and_static_lists_match_the_package():
     import sgrpo_kernels
-    from sgrpo_kernels.rl import PRESETS, LossConfig
+    from sgrpo_kernels.rl import FIELD_PRESETS, PRESETS, LossConfig
     from train.model import resolve_dtype
 
     assert set(PRESET_NAMES) == set(PRESETS)
+    assert set(FIELD_PRESET_NAMES) == set(FIELD_PRESETS)
     assert set(BACKENDS) == set(sgrpo_kernels.available_backends())
     import torch
 

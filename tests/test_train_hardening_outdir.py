@@ -248,3 +248,32 @@ def test_a_full_disk_during_the_export_keeps_the_previous_model_and_the_records(
     assert snapshot(out / "model") == before and not (out / "model.tmp").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and "after" in summary
+
+
+# ------------------------------------------------------------------------------------------- summary.json
+
+
+def test_a_full_disk_at_the_summary_says_what_is_saved(tmp_path, monkeypatch, capsys):
+    """A full disk while summary.json is written: exit 1 with a message (no traceback) that says the run is
+    checkpointed and how to get the summary; the previous summary.json is kept whole."""
+    import train.loop as loop_module
+
+    out = tmp_path / "run"
+    assert run(out) == 0
+    before = (out / "summary.json").read_bytes()
+    real = loop_module.write_json
+
+    def full(path, obj, **kw):
+        if Path(path).name == "summary.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, obj, **kw)
+
+    monkeypatch.setattr(loop_module, "write_json", full)
+    assert run(out, "--resume", "--max-steps", "2") == 1
+    err = capsys.readouterr().err
+    assert "summary.json" in err and "No space left on device" in err and "--resume" in err, err
+    assert "Traceback" not in err
+    assert (out / "summary.json").read_bytes() == before and not (out / "summary.json.tmp").exists()
+    monkeypatch.undo()
+    assert run(out, "--resume", "--max-steps", "2") == 0  # nothing left to train: the summary is written
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2

@@ -417,6 +417,8 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
     # the v2 study's arms: grpo or grpo without the reference, their lr (and cap, warm-up, epochs) as trainer flags
     want |= {a: rl.preset("grpo") for a in ("grpo_lr1e-4", "grpo_lr1.5e-4")}
     want |= {a: dataclasses.replace(rl.preset("grpo"), beta=0.0) for a in RESEARCH_ARMS if a.startswith("grpo_nokl_")}
+    # phase 2's stabilizers: the field's presets as the RL layer defines them (pre-registration section 9.1)
+    want |= {f"{m}_lr2.5e-4": rl.preset(m) for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")}
     assert got == want
 
 

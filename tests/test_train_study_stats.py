@@ -329,14 +329,12 @@ def test_a_study_whose_report_is_refused_says_so_in_one_line(tmp_path, monkeypat
     assert len(list(study.glob("runs/*/seed*/summary.json"))) == 4  # nothing lost
 
     (study / "runs" / "grpo_nokl" / "seed1" / "summary.json").unlink()  # now the report itself is fine ...
-    import study.report as report
+    import study.results as results
 
-    def read_only(path, mode="r", *args, **kwargs):
-        if "w" in mode:
-            raise PermissionError(13, "Permission denied")
-        return open(path, mode, *args, **kwargs)
+    def read_only(path, mode="w"):
+        raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(report, "open", read_only, raising=False)  # ... but the folder cannot be written
+    monkeypatch.setattr(results, "atomic_writer", read_only)  # ... but the folder cannot be written
     assert study_main.main(["--report", str(study), "--no-figure"]) == 2
     err = capsys.readouterr().err
     assert f"--report {study}: cannot write the report there (PermissionError: Permission denied)" in err
@@ -448,3 +446,38 @@ def test_memory_on_paper_counts_and_shares(tmp_path):
     assert mp.main(["--out", str(out)]) == 0
     committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "memory_on_paper.md"
     assert out.read_text() == committed.read_text()  # the committed table is what the script writes
+
+
+def test_a_full_disk_during_the_report_leaves_each_file_whole(tmp_path):
+    """Issue 39 (f): a write that fails part-way (here the file-size limit, as a full disk would) leaves each report
+    file as it was, says so in one line, and leaves no temporary file. Before: study.csv and study.md were written in
+    place, and the failure left them cut at the limit."""
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from study.__main__ import main
+
+    study = tmp_path / "study"
+    for seed in range(2):
+        write_run(study, "grpo", seed, [False] * 4, [True, False, False, False])
+        write_run(study, "grpo_nokl", seed, [False] * 4, [True, True, False, False])
+    assert main(["--report", str(study), "--no-figure"]) == 0
+    names = ("study.csv", "study.md", "study.json", "study_heldout.csv")
+    before = {n: (study / n).read_bytes() for n in names}
+    limit = min(len(b) for b in before.values()) // 2
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as ENOSPC would
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-m", "study", "--report", str(study), "--no-figure"], cwd=root, env=env,
+                          preexec_fn=small_disk, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot write the report there" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert {n: (study / n).read_bytes() for n in names} == before
+    assert not list(study.glob("*.tmp"))

@@ -171,7 +171,15 @@ def write_summary(cfg: TrainConfig, run: Run, state: LoopState, stopped_by: str 
     summary["signal"] = stopped_by
     summary["world_size"] = run.dist.world
     if run.dist.is_main:
-        write_json(run.out_dir / "summary.json", summary, indent=2)
+        try:
+            write_json(run.out_dir / "summary.json", summary, indent=2)
+        except OSError as exc:  # a full disk: the message says what is saved, not a traceback
+            saved = ("not checkpointed" if state.saved_step is None else "finished and checkpointed" if state.finished
+                     else f"checkpointed at step {state.saved_step}")  # fmt: skip
+            raise TrainError(
+                f"{run.out_dir / 'summary.json'} could not be written ({exc.strerror or exc}); the run is {saved}, "
+                "its records in metrics.jsonl: free space and run the same command with --resume to write it"
+            ) from None
     return summary
 
 
@@ -228,7 +236,10 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
         export_error = None
         if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:  # OUTPUT_DIR/model/ (HF folder)
             stopped_by, export_error = export_finished(run.model, run.tok, run.out_dir)
-        summary = write_summary(cfg, run, state, stopped_by, t_start)
+        try:
+            summary = write_summary(cfg, run, state, stopped_by, t_start)
+        except TrainError as exc:
+            raise TrainError(f"{export_error}; {exc}" if export_error is not None else str(exc)) from None
         if export_error is not None:
             raise TrainError(export_error)
     print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from sgrpo_kernels import sgrpo_loss
 from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.rl import GroupSignals, logp_mismatch, truncated_importance_weights
+from sgrpo_kernels.rl import GroupSignals, logp_mismatch, sampler_importance_weights, truncated_importance_weights
 
 from .batch import Batch, Update
 from .distributed import Dist
@@ -48,16 +48,24 @@ def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float
 def sampler_correction(run, batch: Batch, groups: GroupSignals, trainer: Tensor | None, update: Update) -> dict:
     """The groups' loss keyword arguments, with the sampler/trainer mismatch of a vLLM rollout measured
     (`update.rollout_logp_diff`) and, with `tis_cap`, corrected: each token's loss weighted by the truncated
-    importance ratio min(pi_trainer / pi_sampler, tis_cap) (TIS). `trainer`: the log-probs [N, T] of the policy
-    before this batch's update (the PPO epochs' old log-probs, else the first pass's own, from its hidden states);
-    None when the rollout has no sampler log-probs (HF generate samples from the trainer's own forward)."""
+    importance ratio min(pi_trainer / pi_sampler, tis_cap) (TIS; `tis_mode` and `tis_min` choose TRL's other levels
+    and kinds); the loss's off-policy sequence mask, when set, gets the sampler's log-probs. `trainer`: the log-probs
+    [N, T] of the policy before this batch's update (the PPO epochs' old log-probs, else the first pass's own, from its
+    hidden states); None when the rollout has no sampler log-probs (HF generate samples from the trainer's own
+    forward)."""
     kwargs = groups.loss_kwargs()
     if batch.sampler_logp is None:
         return kwargs
     sampler = batch.sampler_logp.to(trainer.device)
     update.rollout_logp_diff = float(logp_mismatch(trainer, sampler, batch.completion_mask))
+    if run.loss_cfg.off_policy_mask_threshold is not None:
+        kwargs["sampler_logp"] = sampler
     if run.tis_cap:
-        w = truncated_importance_weights(trainer, sampler, batch.completion_mask, run.tis_cap)
+        if run.tis_mode == "token_truncate" and not run.tis_min:  # TIS, as the committed runs computed it
+            w = truncated_importance_weights(trainer, sampler, batch.completion_mask, run.tis_cap)
+        else:
+            w = sampler_importance_weights(trainer, sampler, batch.completion_mask, run.tis_mode, clip_max=run.tis_cap,
+                                           clip_min=run.tis_min or None)  # fmt: skip
         tw = kwargs["token_weights"]
         if run.loss_cfg.conflict_count_norm and kwargs["conflict_counts"] is None:  # counted from the conflict
             ones = torch.ones_like(w) if tw is None else tw.detach()  # weights alone (!= 1), before TIS joins them

@@ -66,6 +66,8 @@ class Run:
     probe: dict | None = None  # the KL-from-init probe ({"batch", "logp0"}); None when kl_every is 0
     features: Features = field(default_factory=lambda: Features([]))
     tis_cap: float = 0.0  # truncated importance sampling of a vLLM rollout's loss (0 = off; train/loss.py)
+    tis_mode: str = "token_truncate"  # its level and kind (sgrpo_kernels.rl.SAMPLER_IS_MODES)
+    tis_min: float = 0.0  # its lower bound (0 = none)
 
     @property
     def system_prompt(self) -> str | None:
@@ -149,6 +151,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
         tis_cap=cfg.tis_cap,
+        tis_mode=cfg.tis_mode,
+        tis_min=cfg.tis_min,
     )
     run.features = build_features(cfg, run)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)

@@ -18,9 +18,11 @@ __all__ = [
     "DTYPES",
     "DATA_TASKS",
     "PRESET_LOSS_DEFAULTS",
+    "FIELD_PRESET_NAMES",
     "PRESET_NAMES",
     "RESUME_SAFE",
     "RUN_PRESETS",
+    "SAMPLER_IS_MODES",
     "TASKS",
     "ConfigError",
     "Range",
@@ -65,6 +67,11 @@ PRESET_NAMES = (
     "lite_ppo",
     "s_grpo_afn",
 )
+# the field's losses (sgrpo_kernels.rl.FIELD_PRESETS, verl 0.9.1's defaults): --preset cispo, --preset dppo_tv, ...
+# sgrpo_kernels.rl.SAMPLER_IS_MODES, kept torch-free here (tests/test_train_cli.py compares them)
+SAMPLER_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate",
+                    "geometric_mask")  # fmt: skip
+FIELD_PRESET_NAMES = ("dppo_tv", "dppo_kl", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov")
 BACKENDS = ("torch", "triton", "npu")  # sgrpo_kernels.available_backends()
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16")  # train.model.resolve_dtype
 TASKS = task_names()  # the task registry (train/tasks/)
@@ -97,7 +104,9 @@ PRESET_LOSS_DEFAULTS: dict[str, str] = {"s_grpo": "entropy_filter=quantile:0.75"
 @dataclass
 class TrainConfig:
     # what to train
-    preset: str = option("s_grpo", "algorithm: loss, advantages, conflict strategy", OneOf(*PRESET_NAMES))
+    preset: str = option(
+        "s_grpo", "algorithm: loss, advantages, conflict strategy", OneOf(*PRESET_NAMES, *FIELD_PRESET_NAMES)
+    )
     loss: str | None = option(
         None,
         'LossConfig overrides on the preset, "field=value,..."; "" = as is; none: the trainer\'s default for the '
@@ -146,6 +155,18 @@ class TrainConfig:
         "tis_cap), which corrects for the sampler/trainer mismatch; 0 = off (no effect with HF generate)",
         Range(ge=0),
         Check(_tis_cap, "0 (off) or a cap >= 1"),
+    )
+    tis_mode: str = option(
+        "token_truncate",
+        "the sampler correction's level and kind, TRL's vllm_importance_sampling_mode: token_/sequence_/geometric_ "
+        "(the per-token geometric mean) x truncate (clamp the weight to [tis_min, tis_cap]) or mask (weight 0 "
+        "outside it); token_truncate is TIS",
+        OneOf(*SAMPLER_IS_MODES),
+    )
+    tis_min: float = option(
+        0.0,
+        "the sampler correction's lower bound C_min (TRL's vllm_importance_sampling_clip_min); 0 = none",
+        Range(ge=0),
     )
     # optimization
     max_steps: int = option(30, "training steps (0: evaluate the initial policy only)", Range(ge=0))
@@ -264,12 +285,23 @@ class TrainConfig:
             value = getattr(self, name)
             if value != default and not getattr(self, needs):
                 raise ConfigError(name, f"{name}={value!r} has no effect without {needs}: set {needs} too")
+        self._check_sampler_correction()
         if self.train_layers == 0 and not self.train_lm_head and not self.lora:
             raise ConfigError("train_layers", "train_layers=0 without train_lm_head or lora: nothing would be trained")
         try:
             self.loss_config()  # the preset and the loss string, with the RL layer's messages
         except (TypeError, ValueError) as exc:
             raise ConfigError("loss", f"loss={self.effective_loss!r}: {exc}") from None
+
+    def _check_sampler_correction(self) -> None:
+        """tis_mode and tis_min shape the correction that tis_cap turns on; a lower bound must lie below the cap."""
+        if not self.tis_cap:
+            for name, default in (("tis_mode", "token_truncate"), ("tis_min", 0.0)):
+                if getattr(self, name) != default:
+                    raise ConfigError(name, f"{name}={getattr(self, name)!r} has no effect with tis_cap=0 (the "
+                                            "sampler correction off): set tis_cap too")  # fmt: skip
+        elif self.tis_min >= self.tis_cap:
+            raise ConfigError("tis_min", f"tis_min={self.tis_min!r} must be below tis_cap={self.tis_cap!r}")
 
     @property
     def effective_loss(self) -> str:

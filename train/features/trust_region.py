@@ -1,7 +1,11 @@
 """Trust region on parameters (`--trust-region DELTA`): after each optimizer step, the step d = theta - theta_old of
 all trained weights taken together as one vector is projected onto the Euclidean ball of radius delta,
 theta <- theta_old + d * min(1, delta / ||d||): the closest point of the ball, which keeps the direction AdamW chose.
-Adam's moments stay as the step made them."""
+Adam's moments stay as the step made them.
+
+The arithmetic is `sgrpo_kernels.rl.TrustRegion`'s (the one a TRL, verl or plain PyTorch user turns on) with
+`strict=False`: measured in the weights' dtype and projected once, as the committed study runs were made. This feature
+only places its snapshot and projection among the trainer's other hooks and writes the step record's fields."""
 
 from __future__ import annotations
 
@@ -10,47 +14,42 @@ import math
 import torch
 from torch import Tensor
 
-from ..features.base import Feature, snapshot, step_norm
+from sgrpo_kernels import rl
+
+from ..features.base import Feature
 
 
-@torch.no_grad()
 def project_step(params: list[Tensor], old: list[Tensor], delta: float) -> tuple[float, float]:
-    """Project the step of `params` from `old` (their values before the optimizer step) onto ||d|| <= delta,
-    computed in the weights' dtype (the result is inside the ball up to their rounding, half an ulp per weight). A
-    step inside the ball is left untouched; so is a non-finite one (the step guard deals with it).
-    -> (||d|| before, ||d|| after), accumulated in float64."""
-    before = step_norm(params, old)
-    if not math.isfinite(before) or before <= delta:
-        return before, before
-    f = delta / before
-    for p, o in zip(params, old):
-        p.copy_(o.lerp(p, f))  # o + f * (p - o)
-    return before, step_norm(params, old)
+    """Project the step of `params` from `old` (their values before the optimizer step) onto ||d|| <= delta, in the
+    weights' dtype (`rl.project_step(..., strict=False)`); a step inside the ball, or a non-finite one, is left
+    untouched. -> (||d|| before, ||d|| after), accumulated in float64."""
+    s = rl.project_step(params, old, delta, strict=False)
+    return s.norm, s.norm_after
 
 
 class TrustRegion(Feature):
     name = "trust_region"
 
-    def __init__(self, params: list[torch.nn.Parameter], delta: float):
-        self.params, self.delta = params, delta
-        self.old: list[Tensor] | None = None
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], delta: float):
+        self.delta = delta
+        # attach=False: the trainer calls snapshot/project itself, in the order of its features' hooks
+        self.region = rl.TrustRegion(optimizer, delta, params=params, strict=False, attach=False)
         self.fields: dict = {}
 
     def before_update(self) -> None:
         self.fields = {"tr_step_norm": math.nan, "tr_step_norm_after": math.nan, "tr_projected": 0}
 
     def before_optimizer_step(self) -> None:
-        self.old = snapshot(self.params)  # theta_old
+        self.region.snapshot()  # theta_old
 
     def after_optimizer_step(self, which: str) -> None:
-        norm, norm_after = project_step(self.params, self.old, self.delta)
-        self.old = None
-        self.fields |= {"tr_step_norm": norm, "tr_step_norm_after": norm_after}
-        self.fields["tr_projected"] += int(norm > self.delta)
+        s = self.region.project()
+        self.fields |= {"tr_step_norm": s.norm, "tr_step_norm_after": s.norm_after}
+        self.fields["tr_projected"] += int(s.norm > self.delta)  # a non-finite norm is not counted (the guard's job)
         return None
 
     def undo_step(self, first: bool) -> bool:
-        self.old = None
+        self.region.discard()
         return False
 
     def record(self, record: dict) -> dict:
@@ -58,4 +57,4 @@ class TrustRegion(Feature):
 
 
 def from_run(cfg, run) -> TrustRegion | None:
-    return TrustRegion(run.params, cfg.trust_region) if cfg.trust_region else None
+    return TrustRegion(run.optimizer, run.params, cfg.trust_region) if cfg.trust_region else None
