@@ -30,6 +30,15 @@ from sgrpo_kernels.custom_ops import (
     logits_setup_context,
     row_stats_fake,
 )
+from sgrpo_kernels.truncation import (
+    Sampling,
+    linear_support_backward,
+    linear_support_setup_context,
+    linear_threshold,
+    logits_support_backward,
+    logits_support_setup_context,
+    logits_threshold,
+)
 from sgrpo_kernels.validation import (
     check_flag,
     check_global_vocab,
@@ -114,6 +123,49 @@ def _(logits, targets, *call):
 torch.library.register_autograd("sgrpo::logprobs_from_logits_fwd", logits_backward, setup_context=logits_setup_context)
 
 
+# The sampler's support (top_k / top_p / min_p): the same forwards with the per-row threshold of
+# `sgrpo_kernels.truncation` as one more input (their backwards and autograd: that module). Ops of their own, so that
+# the schemas above stay what they were.
+
+
+@custom_op("linear_logprobs_support_fwd",
+           "Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, Tensor threshold", STATS)
+def linear_logprobs_support_fwd(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None,
+                                threshold: Tensor, *call: object):
+    """`linear_logprobs_fwd` over the tokens z_j >= threshold[row] (and the row's target)."""
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, weight.shape[0], call.opts.ignore_index)
+    return get(call.backend).linear_logprobs_fwd(hidden, weight, targets, bias, call.opts, threshold=threshold)
+
+
+@linear_logprobs_support_fwd.register_fake
+def _(hidden, weight, targets, bias, threshold, *call):
+    return row_stats_fake(hidden, Call.unpack(call))
+
+
+torch.library.register_autograd("sgrpo::linear_logprobs_support_fwd", linear_support_backward,
+                                setup_context=linear_support_setup_context)
+
+
+@custom_op("logprobs_from_logits_support_fwd", "Tensor logits, Tensor targets, Tensor threshold", STATS)
+def logprobs_from_logits_support_fwd(logits: Tensor, targets: Tensor, threshold: Tensor, *call: object):
+    """`logprobs_from_logits_fwd` over the tokens z_j >= threshold[row] (and the row's target)."""
+    call = Call.unpack(call)
+    if call.check_targets:
+        check_target_values(targets, logits.shape[1], call.opts.ignore_index)
+    return get(call.backend).logprobs_from_logits_fwd(logits, targets, call.opts, threshold=threshold)
+
+
+@logprobs_from_logits_support_fwd.register_fake
+def _(logits, targets, threshold, *call):
+    return row_stats_fake(logits, Call.unpack(call))
+
+
+torch.library.register_autograd("sgrpo::logprobs_from_logits_support_fwd", logits_support_backward,
+                                setup_context=logits_support_setup_context)
+
+
 # ---------------------------------------------------------------------------------------------------- public API
 
 
@@ -174,6 +226,9 @@ def linear_logprobs(
     check_targets: bool | None = None,
     process_group=None,
     return_max_logprob: bool = False,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
     **head_options: object,  # temperature=1.0, ignore_index=-100, logit_scale=1.0, softcap=None: HeadOptions
 ) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax((hidden @ weight.T + bias) / temperature), fused.
@@ -211,9 +266,18 @@ def linear_logprobs(
             ignored rows), forward only (no gradient flows through it): a :class:`LogProbsWithMax`
             ``(logp, entropy, max_logprob)``. Free: it is the forward's own row statistic on every backend. Not
             supported with `process_group` yet.
+        top_k, top_p, min_p: the sampler's support (vLLM's rules and order, docs/ops.md "Sampler support"): each None
+            (off), a Python number, or a tensor of one value per row (the shape of `targets`), so that one batch may
+            mix settings. top_k >= 1 (k >= V keeps all), top_p in (0, 1] (1 keeps all), min_p in [0, 1) (0 keeps
+            all), applied to z after the temperature: min_p, then top_k, then top_p. logp and entropy are those of
+            the distribution renormalized over the kept tokens, to which the target always belongs (it was
+            sampled); the gradients hold the support fixed. Found without (N, V) logits (sgrpo_kernels/support.py).
+            Not with `process_group`, nor on the npu backend, yet. With none of them cutting a token the op is
+            exactly the full-vocabulary op.
     """
     shard = process_group is not None
     check_linear_inputs(hidden, weight, targets, bias, shard=shard)
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, hidden.device)
     head = _fold_scale(HeadOptions.from_kwargs("linear_logprobs", head_options))
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -227,6 +291,8 @@ def linear_logprobs(
             memory_budget=_budget(memory_budget),
         ),
     )
+    if sampling is not None:
+        sampling.refuse_if_unsupported("linear_logprobs", call.backend, shard)
     lead = targets.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
     stats = None
@@ -238,7 +304,11 @@ def linear_logprobs(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        if sampling is None:
+            logp, entropy, stats = linear_logprobs_fwd(h2, weight, t1, bias, *call.pack())
+        else:
+            thr = linear_threshold(h2, weight, t1, bias, sampling, call)
+            logp, entropy, stats = linear_logprobs_support_fwd(h2, weight, t1, bias, thr, *call.pack())
     return _result(logp, entropy, stats, lead, call.opts, want_max)
 
 
@@ -253,6 +323,9 @@ def logprobs_from_logits(
     check_targets: bool | None = None,
     process_group=None,
     return_max_logprob: bool = False,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
     **head_options: object,  # temperature=1.0, ignore_index=-100 (LOGITS_HEAD_OPTIONS)
 ) -> LogProbs | LogProbsWithMax:
     """Log-probability of `targets` and entropy of softmax(logits / temperature), for callers that hold logits.
@@ -274,9 +347,11 @@ def logprobs_from_logits(
             group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
             `inplace_backward` is not supported with it.
         return_max_logprob: as in `linear_logprobs`: a :class:`LogProbsWithMax`, forward only.
+        top_k, top_p, min_p: the sampler's support, as in `linear_logprobs`.
     """
     shard = process_group is not None
     check_logits_inputs(logits, targets, shard=shard)
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, logits.device)
     head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
@@ -296,6 +371,8 @@ def logprobs_from_logits(
             memory_budget=_budget(memory_budget), inplace_backward=inplace_backward,
         ),
     )
+    if sampling is not None:
+        sampling.refuse_if_unsupported("logprobs_from_logits", call.backend, shard)
     lead = targets.shape
     t1 = targets.reshape(-1).long()
     l2 = logits.reshape(t1.shape[0], logits.shape[-1])  # (an empty shard has no -1 to infer)
@@ -310,5 +387,9 @@ def logprobs_from_logits(
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)
     else:
-        logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        if sampling is None:
+            logp, entropy, stats = logprobs_from_logits_fwd(l2, t1, *call.pack())
+        else:
+            thr = logits_threshold(l2, t1, sampling, call)
+            logp, entropy, stats = logprobs_from_logits_support_fwd(l2, t1, thr, *call.pack())
     return _result(logp, entropy, stats, lead, call.opts, want_max)

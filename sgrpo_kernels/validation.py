@@ -308,3 +308,84 @@ def _check_positive(name: str, value: object, expected: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return float(value)
+
+
+# ------------------------------------------------------------------------------ the sampler's top_k, top_p, min_p
+
+
+def _sampler_tensor(name: str, value: Tensor, lead: torch.Size, device: torch.device, integer: bool) -> Tensor:
+    if integer:
+        check_int_tensor(name, value)
+    elif not value.is_floating_point():
+        raise TypeError(f"{name} must be a Python number or a floating tensor of per-row values, got dtype "
+                        f"{value.dtype}")
+    if value.shape != lead:
+        raise ValueError(f"{name} has shape {shape_str(value)}, expected a Python number or one value per row: the "
+                         f"leading shape of the input, {tuple(lead)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device} (the device of the input)")
+    return value.reshape(-1)
+
+
+def _sampler_bad(name: str, values: Tensor, bad: Tensor, accepted: str) -> None:
+    if values.numel() and bool(bad.any()):
+        raise ValueError(f"{name} must be {accepted}; found {int(bad.sum())} value(s) outside, e.g. "
+                         f"{values[bad][:3].tolist()}")
+
+
+def check_top_k(top_k: object, lead: torch.Size, device: torch.device) -> Tensor | int | None:
+    """vLLM's top_k: None (off), a Python int >= 1, or an integer tensor of the input's leading shape (flattened; its
+    values are checked by :func:`check_sampler_values` where the search runs, outside torch.compile's graph). k >= V
+    keeps every token."""
+    if top_k is None:
+        return None
+    if isinstance(top_k, Tensor):
+        return _sampler_tensor("top_k", top_k, lead, device, integer=True)
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise TypeError(f"top_k must be None, a Python int >= 1 or an integer tensor, got {type(top_k).__name__} "
+                        f"{top_k!r}")
+    if int(top_k) < 1:
+        raise ValueError(f"top_k must be >= 1 (None turns it off; k >= V keeps every token), got {top_k}")
+    return int(top_k)
+
+
+def _interval(low_open: bool, high_open: bool) -> str:
+    return f"in {'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+
+
+def _bad_probability(x: Tensor, low_open: bool, high_open: bool) -> Tensor:
+    low = (x <= 0) if low_open else (x < 0)
+    return ~torch.isfinite(x) | low | ((x >= 1) if high_open else (x > 1))
+
+
+def check_sampler_values(top_k: Tensor, top_p: Tensor, min_p: Tensor) -> None:
+    """The values of per-row settings (one host sync): top_k >= 1, top_p in (0, 1], min_p in [0, 1)."""
+    _sampler_bad("top_k", top_k, top_k < 1, "an integer >= 1 (k >= V keeps every token)")
+    _sampler_bad("top_p", top_p, _bad_probability(top_p, True, False), _interval(True, False))
+    _sampler_bad("min_p", min_p, _bad_probability(min_p, False, True), _interval(False, True))
+
+
+def _check_probability(name: str, value: object, lead: torch.Size, device: torch.device, low_open: bool,
+                       high_open: bool) -> Tensor | float | None:
+    accepted = _interval(low_open, high_open)
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        return _sampler_tensor(name, value, lead, device, integer=False)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None, a Python float {accepted} or a floating tensor, got "
+                        f"{type(value).__name__} {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and (v > 0 if low_open else v >= 0) and (v < 1 if high_open else v <= 1)):
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return v
+
+
+def check_top_p(top_p: object, lead: torch.Size, device: torch.device) -> Tensor | float | None:
+    """vLLM's top_p: None (off), a float in (0, 1] (1 keeps every token) or a floating tensor of per-row values."""
+    return _check_probability("top_p", top_p, lead, device, low_open=True, high_open=False)
+
+
+def check_min_p(min_p: object, lead: torch.Size, device: torch.device) -> Tensor | float | None:
+    """vLLM's min_p: None (off), a float in [0, 1) (0 keeps every token) or a floating tensor of per-row values."""
+    return _check_probability("min_p", min_p, lead, device, low_open=False, high_open=True)

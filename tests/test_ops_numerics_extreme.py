@@ -65,8 +65,8 @@ class Runner:
     def __init__(self, name: str, kernels=None, memory_budget: int | None = None, device: str = "cpu"):
         self.name, self.kernels, self.memory_budget, self.device = name, kernels, memory_budget, device
 
-    def logits(self, x, t, gl, ge, tau):
-        """-> logp, entropy, d(sum gl logp + ge H)/dx."""
+    def logits(self, x, t, gl, ge, tau, **sampling):
+        """-> logp, entropy, d(sum gl logp + ge H)/dx. `sampling`: top_k / top_p / min_p (not on npu)."""
         x, t, gl, ge = _on(self.device, x, t, gl, ge)
         if self.name == "npu":
             opts = Options(temperature=tau)
@@ -76,7 +76,7 @@ class Runner:
             return logp, ent, grad
         leaf = x.clone().requires_grad_(True)
         logp, ent = sk.logprobs_from_logits(leaf, t, temperature=tau, backend=self.name,
-                                            memory_budget=self.memory_budget)
+                                            memory_budget=self.memory_budget, **sampling)
         (grad,) = torch.autograd.grad((logp * gl).sum() + (ent * ge).sum(), [leaf])
         return _on("cpu", logp.detach(), ent.detach(), grad)
 
@@ -111,10 +111,10 @@ def runner(request) -> Runner:
     return Runner(name, memory_budget=4096 if name == "torch" else None, device=device)  # torch: many tiles
 
 
-def reference_logits(x, t, gl, ge, tau, dtype):
+def reference_logits(x, t, gl, ge, tau, dtype, **sampling):
     """reference.py in `dtype` (float64: the exact answer; x.dtype: the naive computation): logp, entropy, grad."""
     leaf = x.to(dtype).requires_grad_(True)
-    logp, ent = ref.logprobs_from_logits(leaf, t, temperature=tau, out_dtype=None)
+    logp, ent = ref.logprobs_from_logits(leaf, t, temperature=tau, out_dtype=None, **sampling)
     (grad,) = torch.autograd.grad((logp * gl.to(dtype)).sum() + (ent * ge.to(dtype)).sum(), [leaf])
     return logp.detach(), ent.detach(), grad
 
@@ -146,10 +146,10 @@ def assert_no_worse(what: str, ours, naive, exact, rows: bool = False, whole: bo
                     f"naive error {err_n.flatten()[i]:.3g}, |exact| {mag.flatten()[i]:.3g}")
 
 
-def check_logits(runner: Runner, x, t, gl, ge, tau):
-    logp, ent, grad = runner.logits(x, t, gl, ge, tau)
-    exact = reference_logits(x, t, gl, ge, tau, torch.float64)
-    naive = reference_logits(x, t, gl, ge, tau, x.dtype)
+def check_logits(runner: Runner, x, t, gl, ge, tau, **sampling):
+    logp, ent, grad = runner.logits(x, t, gl, ge, tau, **sampling)
+    exact = reference_logits(x, t, gl, ge, tau, torch.float64, **sampling)
+    naive = reference_logits(x, t, gl, ge, tau, x.dtype, **sampling)
     for what, o, n, e in zip(("logp", "entropy"), (logp, ent), naive[:2], exact[:2]):
         assert_no_worse(what, o, n, e)
         assert (o[t == IGNORE] == 0).all(), f"{what}: ignored rows must give 0"
@@ -242,6 +242,19 @@ def _logits_case(n, v, scale, *, ties, seed):
 def test_logits_large_and_tied(runner, tau, scale, ties):
     x, t, gl, ge = _logits_case(20, 300, scale, ties=ties, seed=int(math.log2(tau) * -7 + math.log10(scale)))
     check_logits(runner, x, t, gl, ge, tau)
+
+
+@pytest.mark.parametrize("sampling", [dict(top_k=3), dict(top_p=0.7), dict(min_p=0.1),
+                                      dict(top_k=50, top_p=0.9, min_p=1e-3)], ids=str)
+@pytest.mark.parametrize("scale", [3.0, 1e4, 1e30])
+@pytest.mark.parametrize("tau", [1.0, 2.0**-13])
+def test_logits_large_and_tied_truncated(runner, tau, scale, sampling):
+    """The sampler's support (top_k / top_p / min_p, issue 42) at large logits, low temperatures and ties at the top,
+    targets inside and outside the support: the same rule against the float64 reference."""
+    if runner.name == "npu":
+        pytest.skip("the npu backend refuses top_k / top_p / min_p (tests/test_ops_truncated.py)")
+    x, t, gl, ge = _logits_case(20, 300, scale, ties=True, seed=int(math.log10(scale)) + 17)
+    check_logits(runner, x, t, gl, ge, tau, **sampling)
 
 
 @pytest.mark.parametrize("tau", [1e-2, 1e-4])

@@ -181,3 +181,25 @@ def test_head_options_pass_through_as_given(monkeypatch):
     assert eff_targets[0, 0] == -1 and (eff_targets[~mask] == -1).all()  # masked positions: this ignore_index
     with pytest.raises(TypeError, match=r"sgrpo_loss\(\) got an unexpected keyword argument 'temprature'"):
         sgrpo_loss(hidden, weight, targets, adv, mask, rl.preset("dr_grpo"), temprature=0.8)
+
+
+@pytest.mark.parametrize("support", [dict(top_k=5), dict(top_p=0.8), dict(min_p=0.2), dict(top_k=9, top_p=0.9)])
+def test_sgrpo_loss_scores_the_samplers_support(support):
+    """top_k / top_p / min_p reach the op: the loss and its gradients are policy_loss on the float64 reference's
+    log-probs and entropies of the truncated distribution (and differ from the full softmax's)."""
+    hidden, weight, bias, targets, mask, rewards, adv, old, _ = make(7, torch.float64)
+    cfg = rl.preset_with("grpo", "beta=0")
+    leaves = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+    loss, _ = sgrpo_loss(*leaves[:2], targets, adv, mask, cfg, bias=leaves[2], old_logp=old, backend="torch",
+                         compute_entropy=True, **support)  # fmt: skip
+    grads = torch.autograd.grad(loss, leaves)
+    ref_leaves = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+    safe = torch.where(mask, targets, torch.zeros_like(targets))  # the reference scores every row
+    logp, ent = reference.linear_logprobs(*ref_leaves[:2], safe, bias=ref_leaves[2], out_dtype=torch.float64, **support)
+    want, _ = rl.policy_loss(logp, adv, mask, cfg, entropy=ent, old_logp=old, vocab_size=V)
+    want_grads = torch.autograd.grad(want, ref_leaves)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
+    full, _ = sgrpo_loss(hidden, weight, targets, adv, mask, cfg, bias=bias, old_logp=old, backend="torch")
+    assert not torch.allclose(full, loss)  # the support changed the loss

@@ -48,12 +48,22 @@ def _specs(arch: int, full: bool):
                 for cap in (False, True) if i == 0 else (False,):  # the softcap head: first config of each dtype
                     add(f"fwd-{dt}-{i}-split{int(split)}{'-softcap' * cap}", forward._linear_logprobs_fwd_kernel, mm,
                         dict(HAS_BIAS=True, SOFTCAP=cap, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split,
-                             DOT_PRECISION="ieee"), cfg)
+                             TRUNCATE=False, DOT_PRECISION="ieee"), cfg)
+        # the sampler's support (top-k / top-p / min-p): its own candidate list (configs.tile_configs(truncate=True))
+        tiles = configs.tile_configs(hopper, fp32=f32, truncate=True)
+        for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
+            for split in (False, True):
+                for cap in (False, True) if i == 0 else (False,):
+                    add(f"fwd-{dt}-{i}-split{int(split)}{'-softcap' * cap}-truncate", forward._linear_logprobs_fwd_kernel,
+                        mm, dict(HAS_BIAS=True, SOFTCAP=cap, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split,
+                                 TRUNCATE=True, DOT_PRECISION="ieee"), cfg)  # fmt: skip
         for cap in (False, True):
             tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32, softcap=cap)
             for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
-                add(f"dz-{dt}-{i}{'-softcap' * cap}", backward._linear_logprobs_bwd_dz_kernel, mm,
-                    dict(HAS_BIAS=True, SOFTCAP=cap, HAS_GE=True, DOT_PRECISION="ieee"), cfg)
+                for trunc in (False, True) if i == 0 else (False,):
+                    add(f"dz-{dt}-{i}{'-softcap' * cap}{'-truncate' * trunc}", backward._linear_logprobs_bwd_dz_kernel,
+                        mm, dict(HAS_BIAS=True, SOFTCAP=cap, HAS_GE=True, TRUNCATE=trunc, DOT_PRECISION="ieee"),
+                        cfg)  # fmt: skip
         dh = configs.gemm_configs(hopper, "BLOCK_M", "BLOCK_D", "BLOCK_K", f32)
         for i, cfg in enumerate(dh if full or dt == "bf16" else dh[:1]):
             add(f"dh-{dt}-{i}", backward._linear_logprobs_bwd_dh_kernel, mm, dict(DOT_PRECISION="ieee"), cfg)
@@ -62,12 +72,14 @@ def _specs(arch: int, full: bool):
             add(f"dw-{dt}-{i}", backward._linear_logprobs_bwd_dw_kernel, mm, dict(HAS_BIAS=True, DOT_PRECISION="ieee"),
                 cfg)
         lg = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32")
-        for i, cfg in enumerate(configs.logits_fwd_configs()):
-            add(f"logits-fwd-{dt}-{i}", logits._logprobs_from_logits_fwd_kernel, lg,
-                dict(WITH_ENTROPY=True, WITH_STATS=True), cfg)
-        bw = configs.logits_bwd_config()
-        add(f"logits-bwd-{dt}", logits._logprobs_from_logits_bwd_kernel, lg, dict(HAS_GE=True),
-            triton.Config({k: v for k, v in bw.items() if k.startswith("BLOCK")}, num_warps=bw["num_warps"]))
+        for trunc in (False, True):
+            for i, cfg in enumerate(configs.logits_fwd_configs()):
+                add(f"logits-fwd-{dt}-{i}{'-truncate' * trunc}", logits._logprobs_from_logits_fwd_kernel, lg,
+                    dict(WITH_ENTROPY=True, WITH_STATS=True, TRUNCATE=trunc), cfg)
+            bw = configs.logits_bwd_config()
+            add(f"logits-bwd-{dt}{'-truncate' * trunc}", logits._logprobs_from_logits_bwd_kernel, lg,
+                dict(HAS_GE=True, TRUNCATE=trunc),
+                triton.Config({k: v for k, v in bw.items() if k.startswith("BLOCK")}, num_warps=bw["num_warps"]))
     add("merge", forward._linear_logprobs_merge_kernel, dict(t_ptr="*i64"), dict(WITH_ENTROPY=True, WITH_STATS=True),
         triton.Config(dict(BLOCK=128), num_warps=4, num_stages=1))
     add("compact", backward._compact_rows_kernel, dict(keep_ptr="*i32", rank_ptr="*i32", idx_ptr="*i32"), {},
@@ -99,6 +111,9 @@ def compile_all(arch: int, full: bool) -> list[dict]:
         # What the JIT specializes at a real launch on contiguous tensors at the benchmark shapes: unit strides become
         # constants, pointers and the other sizes/strides are known multiples of 16 (vectorized loads).
         consts = {**{a: 1 for a in fn.arg_names if a in _UNIT_STRIDES}, **consts}
+        missing = [p.name for p in fn.params if p.is_constexpr and p.name not in consts]
+        if missing:  # else compiled as a runtime i32: a branch kept that no real launch has (spills, no MMA)
+            raise ValueError(f"{name}: constexpr(s) {missing} not given")
         sig = {a: ("constexpr" if a in consts else types.get(a, "*fp32" if a.endswith("_ptr") else "i32"))
                for a in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)

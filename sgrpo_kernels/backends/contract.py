@@ -29,6 +29,12 @@ so stats[0] and stats[1] are contiguous (N,) vectors; a backward given any other
 and the fields the op sets per call (return_entropy, need_stats, memory_budget, ...). Without a softcap the ops have
 folded logit_scale into the temperature, so a backend that serves no softcap needs no logit scale either.
 
+The sampler's support (top_k / top_p / min_p, sgrpo_kernels/truncation.py): a backend whose module sets
+``APPLIES_THRESHOLD = True`` also takes a keyword ``threshold`` (N,) in all four entry points, the per-row logit
+threshold of z = logits / temperature: it treats every z < threshold[row] as -inf (p = 0), except at the row's target,
+in the forward and, with the same threshold, in the backward (the support held fixed). The ops pass it only when the
+caller asked for a support, and refuse the settings on a backend without the attribute.
+
 Rows whose target equals ``opts.ignore_index`` produce logp = 0, entropy = 0 and no gradient. ``grad_entropy is None``
 means the entropy output received no gradient (or was not requested). Rows whose two upstream gradients are exactly
 zero contribute nothing; backends should skip them before the matrix products.

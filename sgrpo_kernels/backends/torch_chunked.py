@@ -11,6 +11,9 @@ stats = [m; log s] for the backward, which recomputes each tile and applies (doc
 after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
 -inf logits (masked vocabulary, -inf bias) are allowed: they get p = 0 and contribute 0, never NaN.
 Tile buffers are allocated once per call and reused, so large tiles do not pay fresh page faults every step.
+The sampler's support (`threshold=`, contract): each logits tile, once divided by the temperature, gets -inf where
+z < threshold of its row, except at the row's target; the statistics and the backward then see the truncated
+distribution (-inf logits are handled as above), so the support is held fixed in the backward.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from sgrpo_kernels.backends.contract import Options, stats_dtype
 
 DEVICE_TYPES = ("*",)
+APPLIES_THRESHOLD = True  # the sampler's support (contract: `threshold=`)
 DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the temporaries of one call (tiles + weight-chunk copies)
 _TILE_TEMPS = 2  # (rows x vocab-chunk) buffers per call: logits tile and exp tile, in compute dtype
 _MIN_VCHUNK = 256
@@ -73,6 +77,18 @@ def _logits_tile(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts:
     if opts.temperature != 1.0:
         out.div_(opts.temperature)
     return out
+
+
+def _truncate_(z: torch.Tensor, threshold: torch.Tensor | None, targets: torch.Tensor, v0: int) -> torch.Tensor:
+    """In place: z (rows, vc) of vocab columns [v0, v0 + vc) -> -inf where z < threshold (rows,), except at the
+    target. No-op without a threshold."""
+    if threshold is None:
+        return z
+    cut = z < threshold.unsqueeze(1)
+    local = targets - v0
+    rows = torch.nonzero((local >= 0) & (local < z.shape[1])).squeeze(1)
+    cut[rows, local[rows]] = False
+    return z.masked_fill_(cut, float("-inf"))
 
 
 def _softcap_slope_(z: torch.Tensor, opts: Options) -> torch.Tensor:
@@ -211,13 +227,20 @@ def _elem_bytes(dtype: torch.dtype) -> int:
 # ----------------------------------------------------------------------------------------------------------- linear
 
 
-def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
+def _rows_of(threshold: torch.Tensor | None, idx: torch.Tensor | None, cdt: torch.dtype) -> torch.Tensor | None:
+    if threshold is None:
+        return None
+    return (threshold if idx is None else threshold.index_select(0, idx)).to(cdt)
+
+
+def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, threshold=None):
     n, d = hidden.shape
     vocab = weight.shape[0]
     cdt = stats_dtype(hidden.dtype)
     idx = _active_rows(targets, opts.ignore_index)
     h = (hidden if idx is None else hidden.index_select(0, idx)).to(cdt)
     t = targets if idx is None else targets.index_select(0, idx)
+    thr = _rows_of(threshold, idx, cdt)
     na = h.shape[0]
     col_bytes = d * _elem_bytes(cdt) if weight.dtype != cdt else 0  # the compute-dtype copy of a weight chunk
     rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt), col_bytes)
@@ -228,12 +251,14 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options):
         b = bias[v0:v1].to(cdt) if bias is not None else None
         for r0, r1 in _spans(na, rows_per_tile):
             z = _logits_tile(h[r0:r1], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
+            _truncate_(z, thr[r0:r1] if thr is not None else None, t[r0:r1], v0)
             stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
     logp, row_stats, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, row_stats, entropy, idx, n, opts)
 
 
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options):
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options,
+                        threshold=None):
     n, d = hidden.shape
     vocab = weight.shape[0]
     cdt = stats_dtype(hidden.dtype)
@@ -248,6 +273,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
     st = (stats if idx is None else stats.index_select(1, idx)).to(cdt)
     ent = rows(entropy).to(cdt) if ge is not None else None
     ge = ge.to(cdt) if ge is not None else None
+    thr = _rows_of(threshold, idx, cdt)
     na = h.shape[0]
 
     need_h, need_w = opts.need_grad_hidden, opts.need_grad_weight
@@ -269,6 +295,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
         for r0, r1 in _spans(na, rows_per_tile):
             sl = slice(r0, r1)
             z = _logits_tile(h[sl], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
+            _truncate_(z, thr[sl] if thr is not None else None, t[sl], v0)
             dz = _grad_tile_(
                 z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, st[:, sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
@@ -290,11 +317,12 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 # ----------------------------------------------------------------------------------------------------------- logits
 
 
-def logprobs_from_logits_fwd(logits, targets, opts: Options):
+def logprobs_from_logits_fwd(logits, targets, opts: Options, threshold=None):
     n, vocab = logits.shape
     cdt = stats_dtype(logits.dtype)
     idx = _active_rows(targets, opts.ignore_index)
     t = targets if idx is None else targets.index_select(0, idx)
+    thr = _rows_of(threshold, idx, cdt)
     na = t.shape[0]
     rows_per_tile, v_chunk = chunk_sizes(na, vocab, opts.memory_budget, _elem_bytes(cdt))
     stats = _OnlineStats(na, logits.device, cdt)
@@ -305,12 +333,14 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options):
             z = tiles.view(0, r1 - r0, v1 - v0).copy_(src[:, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
+            _truncate_(z, thr[r0:r1] if thr is not None else None, t[r0:r1], v0)
             stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
     logp, row_stats, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, row_stats, entropy, idx, n, opts)
 
 
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options):
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options,
+                             threshold=None):
     n, vocab = logits.shape
     cdt = stats_dtype(logits.dtype)
     g_ent = _entropy_grad(grad_entropy, entropy, opts)
@@ -330,10 +360,12 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
         st, gl = stats[:, ri].to(cdt), grad_logp[ri].to(cdt)
         ge = g_ent[ri].to(cdt) if g_ent is not None else None
         ent = entropy[ri].to(cdt) if g_ent is not None else None
+        th = threshold[ri].to(cdt) if threshold is not None else None
         for v0, v1 in _spans(vocab, v_chunk):
             z = tiles.view(0, r1 - r0, v1 - v0).copy_(logits[ri, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
+            _truncate_(z, th, t, v0)
             dz = _grad_tile_(z, tiles.view(1, r1 - r0, v1 - v0), t, v0, st, ent, gl, ge, opts.temperature)
             out[ri, v0:v1] = dz.to(out.dtype)
     return out

@@ -37,6 +37,9 @@ def sgrpo_loss(
     memory_budget: int | None = None,
     check_targets: bool | None = None,
     process_group=None,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
     **head_options: object,  # temperature, ignore_index, logit_scale, softcap: passed to linear_logprobs as given
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
@@ -70,6 +73,9 @@ def sgrpo_loss(
         process_group: the LM head is sharded by vocabulary over this ``torch.distributed`` group (``weight`` /
             ``bias`` are this rank's shard; ``targets`` global ids): as in ``linear_logprobs``. The loss and metrics
             are the same on every rank; ``weight`` gets this rank's shard of the gradient.
+        top_k, top_p, min_p: the sampler's support, as in ``linear_logprobs`` (docs/ops.md, "Sampler support"):
+            log-probs, entropies and their gradients of the distribution the sampler truly drew from (None: the
+            full softmax).
 
     Returns:
         ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
@@ -106,6 +112,9 @@ def sgrpo_loss(
         check_targets=check_targets,
         process_group=process_group,
         return_max_logprob=config.needs_max_logprob,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
         **head_options,
     )
     vocab = int(weight.shape[0])

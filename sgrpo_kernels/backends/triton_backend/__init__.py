@@ -68,10 +68,11 @@ from .launchers import (
     logprobs_from_logits_fwd,
 )
 
-__all__ = ["DEVICE_TYPES", "NO_HOOKS", "Hooks", "is_available", "linear_logprobs_bwd", "linear_logprobs_fwd",
-           "logprobs_from_logits_bwd", "logprobs_from_logits_fwd"]
+__all__ = ["APPLIES_THRESHOLD", "DEVICE_TYPES", "NO_HOOKS", "Hooks", "is_available", "linear_logprobs_bwd",
+           "linear_logprobs_fwd", "logprobs_from_logits_bwd", "logprobs_from_logits_fwd"]
 
 DEVICE_TYPES = ("cuda", "cpu") if INTERPRET else ("cuda",)
+APPLIES_THRESHOLD = True  # the sampler's support: every kernel takes the (N,) threshold (contract: `threshold=`)
 
 
 def _version(text: str) -> tuple[int, ...]:

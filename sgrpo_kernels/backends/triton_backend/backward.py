@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import log_prob, logits_tile, mma, softcap_slope
+from .tiles import NEG, log_prob, logits_tile, mma, softcap_slope
 
 __all__ = ["_compact_rows_kernel", "_linear_logprobs_bwd_dh_kernel", "_linear_logprobs_bwd_dw_kernel",
            "_linear_logprobs_bwd_dz_kernel"]
@@ -25,15 +25,16 @@ def _compact_rows_kernel(keep_ptr, rank_ptr, idx_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _linear_logprobs_bwd_dz_kernel(
-    h_ptr, w_ptr, b_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, idx_ptr, count_ptr, dz_ptr,
+    h_ptr, w_ptr, b_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, idx_ptr, count_ptr, dz_ptr, thr_ptr,
     D, v0, vc,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_b, stride_dz, stride_stats,
     inv_temp, cap_in, cap_out,  # z = x * inv_temp, or cap_out * tanh(cap_in * x) with SOFTCAP (as the forward)
-    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, HAS_GE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, HAS_GE: tl.constexpr, TRUNCATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """dZ[i, c] = dL/dx for compacted active row i and chunk column c (vocab v0 + c), x the raw logits, dtype of
-    dz_ptr; stats_ptr: the (2, N) row statistics [m; log s] of the forward, row stride stride_stats."""
+    dz_ptr; stats_ptr: the (2, N) row statistics [m; log s] of the forward, row stride stride_stats. TRUNCATE: z
+    below the row's threshold (thr_ptr, (N,)), except the target, is outside the support: p = 0 there."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     n_active = tl.load(count_ptr)
@@ -46,6 +47,9 @@ def _linear_logprobs_bwd_dz_kernel(
         m = tl.load(stats_ptr + rows, mask=i_ok, other=0.0)
         log_s = tl.load(stats_ptr + stride_stats + rows, mask=i_ok, other=0.0)
         gl = tl.load(gl_ptr + rows, mask=i_ok, other=0.0)
+        thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        if TRUNCATE:
+            thr = tl.load(thr_ptr + rows, mask=i_ok, other=float("-inf"))
         cl = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         c_ok = cl < vc
         cols = v0 + cl.to(tl.int64)
@@ -55,6 +59,8 @@ def _linear_logprobs_bwd_dz_kernel(
             # dL/dx = dL/dz * slope, the slope folded in as early as possible so that its tile dies with p's
             z, slope = softcap_slope(z, cap_in, cap_out)
             hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]
+            if TRUNCATE:
+                z = tl.where((z >= thr[:, None]) | hit, z, NEG)
             dz = tl.where(hit, gl[:, None] * slope, 0.0)
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j) * slope
@@ -64,6 +70,8 @@ def _linear_logprobs_bwd_dz_kernel(
                 ent = tl.load(ent_ptr + rows, mask=i_ok, other=0.0)
                 dz -= ge[:, None] * p * (logp_j + ent[:, None])
         else:
+            if TRUNCATE:
+                z = tl.where((z >= thr[:, None]) | (cl[None, :] == (tgt - v0).to(tl.int32)[:, None]), z, NEG)
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j)
             dz = -gl[:, None] * p

@@ -51,10 +51,12 @@ def _cfg(num_warps: int, num_stages: int, **meta) -> triton.Config:
     return triton.Config(meta, num_warps=num_warps, num_stages=num_stages)
 
 
-def tile_configs(hopper: bool, epilogue_heavy: bool = False, fp32: bool = False, softcap: bool = False) -> list:
+def tile_configs(hopper: bool, epilogue_heavy: bool = False, fp32: bool = False, softcap: bool = False,
+                 truncate: bool = False) -> list:  # fmt: skip
     """Forward (and, with epilogue_heavy, the dZ kernel: its 128x256 tile spills registers on sm_90). The dZ kernel
     with a softcap carries one more tile (the cap's slope): every bf16/fp16 config below spills there (8-16 bytes on
-    sm_90), so it gets half-height tiles per warp."""
+    sm_90), so it gets half-height tiles per warp. The forward over the sampler's support (`truncate`: a threshold
+    and a target compare per element) spills at 128x256 on sm_90 too (96-120 bytes), so it leaves that tile out."""
     if softcap and epilogue_heavy and not fp32:
         if hopper:
             return [_cfg(8, 4, BLOCK_M=64, BLOCK_V=128, BLOCK_D=64), _cfg(4, 4, BLOCK_M=64, BLOCK_V=64, BLOCK_D=64),
@@ -63,7 +65,7 @@ def tile_configs(hopper: bool, epilogue_heavy: bool = False, fp32: bool = False,
     if fp32:  # "ieee" fp32 dot products run on FMA units with operands in registers: small tiles, no spills
         return [_cfg(4, 2, BLOCK_M=64, BLOCK_V=64, BLOCK_D=32), _cfg(8, 2, BLOCK_M=128, BLOCK_V=64, BLOCK_D=32)]
     if hopper:  # H100/H200: 228 KB shared memory, wgmma; no register spills at these sizes (test_triton_compile)
-        wide = [] if epilogue_heavy else [_cfg(8, 3, BLOCK_M=128, BLOCK_V=256, BLOCK_D=64)]
+        wide = [] if epilogue_heavy or truncate else [_cfg(8, 3, BLOCK_M=128, BLOCK_V=256, BLOCK_D=64)]
         return wide + [
             _cfg(8, 4, BLOCK_M=128, BLOCK_V=128, BLOCK_D=64),
             _cfg(8, 3, BLOCK_M=128, BLOCK_V=128, BLOCK_D=128),
@@ -102,8 +104,8 @@ def logits_bwd_config() -> dict:
 @functools.cache
 def _tuned(name: str, hopper: bool, fp32: bool):
     """Autotuned wrappers (CUDA only), built lazily so the interpreter never touches CUDA."""
-    if name == "fwd":
-        return triton.autotune(tile_configs(hopper, fp32=fp32),
+    if name in ("fwd", "fwd_truncate"):  # two candidate lists (tile_configs), so two autotuners
+        return triton.autotune(tile_configs(hopper, fp32=fp32, truncate=name == "fwd_truncate"),
                                key=["D", "V", "HAS_BIAS", "SOFTCAP", "WITH_ENTROPY", "SPLIT"])(
             _linear_logprobs_fwd_kernel)
     if name in ("dz", "dz_softcap"):  # two candidate lists (tile_configs), so two autotuners

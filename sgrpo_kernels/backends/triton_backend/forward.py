@@ -14,14 +14,14 @@ __all__ = ["_linear_logprobs_fwd_kernel", "_linear_logprobs_merge_kernel"]
 
 @triton.jit
 def _linear_logprobs_fwd_kernel(
-    h_ptr, w_ptr, b_ptr, t_ptr,
+    h_ptr, w_ptr, b_ptr, t_ptr, thr_ptr,  # thr_ptr: (N,) the sampler's support threshold, read when TRUNCATE
     logp_ptr, ent_ptr, stats_ptr,  # (N,), (N,), (2, N) final outputs, written when not SPLIT
     pm_ptr, ps_ptr, pu_ptr, pzy_ptr,  # (splits, N) partial statistics, written when SPLIT
     N, V, D, v_per_split,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_b,
     inv_temp, cap_in, cap_out, ignore_index,  # z = x * inv_temp, or cap_out * tanh(cap_in * x) with SOFTCAP
     HAS_BIAS: tl.constexpr, SOFTCAP: tl.constexpr, WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, TRUNCATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)  # rows on axis 0: up to 2^31 - 1 blocks
@@ -29,6 +29,9 @@ def _linear_logprobs_fwd_kernel(
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
+    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if TRUNCATE:
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
     v_start = pid_s * v_per_split
     v_end = tl.minimum(v_start + v_per_split, V)
     m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -49,6 +52,10 @@ def _linear_logprobs_fwd_kernel(
         if SOFTCAP:
             z = softcap(z, cap_in, cap_out)
         z = tl.where(col_ok[None, :], tl.maximum(z, NEG), NEG)
+        if TRUNCATE:  # outside the sampler's support, except the target: NEG (p = 0)
+            # the target's column within the tile as int32 (an int64 compare over the tile doubles its registers)
+            hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
+            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
         m, s, u = online_update(m, s, u, z, WITH_ENTROPY)
     if SPLIT:
         off = pid_s.to(tl.int64) * N + rows

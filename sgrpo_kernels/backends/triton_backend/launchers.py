@@ -118,9 +118,16 @@ def _num_splits(n: int, vocab: int, ref: torch.Tensor, forced: int | None) -> tu
 # ----------------------------------------------------------------------------------------------- linear_logprobs
 
 
-def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: Hooks = NO_HOOKS):
+def _threshold(threshold: torch.Tensor | None, fallback: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(the (N,) fp32 threshold of the sampler's support, or `fallback` as an unread pointer; TRUNCATE)."""
+    if threshold is None:
+        return fallback, False
+    return threshold.to(torch.float32).contiguous(), True
+
+
+def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, threshold=None, *, hooks: Hooks = NO_HOOKS):
     """hidden (N, D), weight (V, D), targets (N,), bias (V,) | None -> (logp, entropy | (0,), stats | (2, 0)), fp32
-    (fp64 for fp64 inputs)."""
+    (fp64 for fp64 inputs). threshold (N,): the sampler's support (contract), or None."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     in_dtype = hidden.dtype
@@ -138,16 +145,18 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, *, hooks: 
     else:
         pm = ps = pu = pzy = logp  # unused
     b_arg = bias if bias is not None else weight
+    thr, truncate = _threshold(threshold, logp)
     launch(
-        "fwd", _linear_logprobs_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), splits), hidden,
+        "fwd_truncate" if truncate else "fwd", _linear_logprobs_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), splits), hidden,
         INTERP_TILE,
-        hidden, weight, b_arg, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp,
+        hidden, weight, b_arg, targets, thr, logp, ent if opts.return_entropy else logp,
+        stats if opts.need_stats else logp,
         pm, ps, pu, pzy, n, vocab, d, per,
         hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
         bias.stride(0) if bias is not None else 0,
         *_head_scales(opts), opts.ignore_index,
         HAS_BIAS=bias is not None, SOFTCAP=opts.softcap > 0, WITH_ENTROPY=opts.return_entropy,
-        WITH_STATS=opts.need_stats, SPLIT=splits > 1,
+        WITH_STATS=opts.need_stats, SPLIT=splits > 1, TRUNCATE=truncate,
         DOT_PRECISION=_dot_precision(hidden.dtype, hidden),
     )
     if splits > 1:
@@ -180,8 +189,8 @@ def _chunk_width(n: int, vocab: int, elem_bytes: int, memory_budget: int, ref: t
     return min(max(vc, align), vocab)
 
 
-def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options, *,
-                        hooks: Hooks = NO_HOOKS):
+def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, stats, entropy, opts: Options,
+                        threshold=None, *, hooks: Hooks = NO_HOOKS):
     """-> grad_hidden (N, D) hidden.dtype, grad_weight (V, D) weight.dtype, grad_bias (V,) | None."""
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -202,6 +211,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
         stats = stats.contiguous()
         ent = entropy.contiguous() if has_ge else gl
         idx, count = _compact_active_rows(targets, gl, ge if has_ge else None, opts.ignore_index)
+        thr, truncate = _threshold(threshold, gl)
         vc = _chunk_width(n, vocab, w.element_size(), opts.memory_budget, h)
         dz = _new((n, vc), h, hooks, w.dtype)
         b_arg = b if b is not None else w
@@ -213,10 +223,11 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
                 "dz_softcap" if opts.softcap > 0 else "dz", _linear_logprobs_bwd_dz_kernel,
                 lambda meta, width=width: (triton.cdiv(n, meta["BLOCK_M"]), triton.cdiv(width, meta["BLOCK_V"])),
                 h, INTERP_TILE,
-                h, w, b_arg, targets, stats, ent, gl, ge, idx, count, dz, d, v0, width,
+                h, w, b_arg, targets, stats, ent, gl, ge, idx, count, dz, thr, d, v0, width,
                 h.stride(0), h.stride(1), w.stride(0), w.stride(1), b_stride, dz.stride(0), stats.stride(0),
                 *_head_scales(opts),
-                HAS_BIAS=b is not None, SOFTCAP=opts.softcap > 0, HAS_GE=has_ge, DOT_PRECISION=prec,
+                HAS_BIAS=b is not None, SOFTCAP=opts.softcap > 0, HAS_GE=has_ge, TRUNCATE=truncate,
+                DOT_PRECISION=prec,
             )
             if opts.need_grad_hidden:
                 launch(
@@ -247,7 +258,7 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
 # ------------------------------------------------------------------------------------------ logprobs_from_logits
 
 
-def logprobs_from_logits_fwd(logits, targets, opts: Options, *, hooks: Hooks = NO_HOOKS):
+def logprobs_from_logits_fwd(logits, targets, opts: Options, threshold=None, *, hooks: Hooks = NO_HOOKS):
     """logits (N, V), targets (N,) -> (logp, entropy | (0,), stats | (2, 0)), fp32 (fp64 for fp64 logits)."""
     n, vocab = logits.shape
     logp = _f32_rows(n, logits, hooks)
@@ -256,18 +267,19 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options, *, hooks: Hooks = N
     if n == 0:
         return _as_output_dtype(logits.dtype, logp, ent, stats)
     (x,) = _compute_inputs(logits)
+    thr, truncate = _threshold(threshold, logp)
     launch(
         "logits_fwd", _logprobs_from_logits_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),), x,
         INTERP_LOGITS,
-        x, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp, n, vocab,
+        x, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp, thr, n, vocab,
         x.stride(0), x.stride(1), 1.0 / opts.temperature, opts.ignore_index,
-        WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats,
+        WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats, TRUNCATE=truncate,
     )
     return _as_output_dtype(logits.dtype, logp, ent, stats)
 
 
-def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options, *,
-                             hooks: Hooks = NO_HOOKS):
+def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, entropy, opts: Options,
+                             threshold=None, *, hooks: Hooks = NO_HOOKS):
     """-> grad_logits (N, V) logits.dtype; written into `logits` itself when opts.inplace_backward."""
     n, vocab = logits.shape
     has_ge = grad_entropy is not None and entropy is not None and entropy.numel() > 0 and opts.return_entropy
@@ -284,9 +296,11 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
         stats = stats.contiguous()
         ent = entropy.contiguous() if has_ge else gl
         meta = logits_bwd_config() if on_gpu(x) else INTERP_LOGITS
+        thr, truncate = _threshold(threshold, gl)
         _logprobs_from_logits_bwd_kernel[(triton.cdiv(n, meta["BLOCK_M"]),)](
-            x, targets, stats, ent, gl, ge, out, n, vocab, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-            stats.stride(0), 1.0 / opts.temperature, opts.ignore_index, HAS_GE=has_ge, **meta,
+            x, targets, stats, ent, gl, ge, out, thr, n, vocab, x.stride(0), x.stride(1), out.stride(0),
+            out.stride(1), stats.stride(0), 1.0 / opts.temperature, opts.ignore_index, HAS_GE=has_ge,
+            TRUNCATE=truncate, **meta,
         )
     if logits.dtype == torch.float64:
         if opts.inplace_backward:

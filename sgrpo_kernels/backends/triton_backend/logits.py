@@ -13,9 +13,11 @@ __all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel
 
 @triton.jit
 def _logprobs_from_logits_fwd_kernel(
-    x_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
-    WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    x_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, thr_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
+    WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
+    """TRUNCATE: z below the row's threshold (thr_ptr, (N,)), except the target, is outside the sampler's support."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
@@ -24,6 +26,9 @@ def _logprobs_from_logits_fwd_kernel(
     s = tl.zeros((BLOCK_M,), dtype=tl.float32)
     u = tl.zeros((BLOCK_M,), dtype=tl.float32)
     zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if TRUNCATE:
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_ok = cols < V
@@ -32,6 +37,8 @@ def _logprobs_from_logits_fwd_kernel(
         z = tl.where(col_ok[None, :], x.to(tl.float32) * inv_temp, NEG)
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
+        if TRUNCATE:
+            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
         m, s, u = online_update(m, s, u, tl.maximum(z, NEG), WITH_ENTROPY)
     finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
                    WITH_STATS)
@@ -39,9 +46,9 @@ def _logprobs_from_logits_fwd_kernel(
 
 @triton.jit
 def _logprobs_from_logits_bwd_kernel(
-    x_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, N, V,
+    x_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, thr_ptr, N, V,
     stride_xn, stride_xv, stride_on, stride_ov, stride_stats, inv_temp, ignore_index,
-    HAS_GE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_GE: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """dlogits chunk by chunk; out_ptr may alias x_ptr (each element is read, then written, by one program);
     stats_ptr: the forward's (2, N) row statistics [m; log s], row stride stride_stats."""
@@ -57,18 +64,25 @@ def _logprobs_from_logits_bwd_kernel(
         ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
         live = live | (ge != 0.0)
     live = live & row_ok & (tgt != ignore_index)
+    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if TRUNCATE:
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_ok = cols < V
         # elements not read (rows without gradient, columns past V) are -inf: p = 0, no exp overflow
         x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
                     mask=live[:, None] & col_ok[None, :], other=float("-inf"))
-        logp_j = log_prob(x.to(tl.float32) * inv_temp, m, log_s)
+        z = x.to(tl.float32) * inv_temp
+        hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
+        if TRUNCATE:
+            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
+        logp_j = log_prob(z, m, log_s)
         p = tl.exp(logp_j)
         dz = -gl[:, None] * p
         if HAS_GE:
             dz -= ge[:, None] * p * (logp_j + ent[:, None])
-        dz += tl.where(tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None], gl[:, None], 0.0)
+        dz += tl.where(hit, gl[:, None], 0.0)
         dz = tl.where(live[:, None], dz * inv_temp, 0.0)
         tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :] * stride_ov,
                  dz.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

