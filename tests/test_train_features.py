@@ -100,5 +100,6 @@ def test_builtin_features_are_built_only_when_on(tmp_path):
     names = [f.name for f in build_features(TrainConfig(), run)]
     assert names == ["step_guard", "collapse"]  # the default job: the two that always run
     on = TrainConfig(trust_region=0.1, grad_penalty=0.1, ppo_epochs=2)
-    names = [f.name for f in build_features(on, SimpleNamespace(**vars(run), tok=None, task=None))]
+    sampling = SimpleNamespace(support=dict)  # the sampler's support: none
+    names = [f.name for f in build_features(on, SimpleNamespace(**vars(run), tok=None, task=None, sampling=sampling))]
     assert names == ["ppo_epochs", "trust_region", "grad_penalty", "step_guard", "collapse"]

@@ -161,6 +161,23 @@ def test_sampler_logprobs_match_the_trainer(setup):
     assert stale.item() > 20 * max(diff, 1e-4)
 
 
+def test_sampler_logprobs_are_those_of_the_samplers_support(setup):
+    """With top-k / top-p / min-p the engine samples from the truncated distribution and returns its log-probs; the
+    trainer's match them when it scores the same support (`Sampling.support()`, issue 42), not over the full softmax,
+    whose log-probs are lower by the log of the mass the truncation kept."""
+    model, tok, engine, task, problems, _ = setup
+    engine.sync(model)
+    support = {"top_k": 20, "top_p": 0.8, "min_p": 0.02}
+    kw = dict(group_size=4, max_new_tokens=12, temperature=0.7, system_prompt=task.system_prompt, **support)
+    batch = rollout(model, tok, problems[:3], **kw, engine=engine)
+    m = batch.completion_mask
+    sampler = batch.sampler_logp.to(model.device)
+    scored = (token_logprobs(model, batch, 0.7, None, 4, False, support) - sampler).abs()[m].mean().item()
+    full = token_logprobs(model, batch, 0.7, None, 4, False) - sampler
+    assert scored < 1e-3, scored
+    assert (full[m] <= 1e-3).all() and full.abs()[m].mean().item() > 10 * max(scored, 1e-4)
+
+
 def test_training_run_use_vllm_on(tmp_path):
     """`python -m train --use-vllm on`, 3 steps on SmolLM2 with the default vLLM dtype: every step record says
     rollout_engine "vllm" with a finite rollout_logp_diff that does not drift upward (a stale engine's would grow as

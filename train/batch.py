@@ -22,16 +22,25 @@ class Sampling:
     top_p: float
     system_prompt: str | None
     format_weight: float
+    top_k: int = 0
+    min_p: float = 0.0
 
     @classmethod
     def of(cls, cfg, system_prompt: str | None, group_size: int | None = None, format_weight: float = 0.0):
         """The sampling of a trainer configuration (`cfg.group_size` unless `group_size` is given)."""
         n = cfg.group_size if group_size is None else group_size
-        return cls(n, cfg.max_new_tokens, cfg.temperature, cfg.top_p, system_prompt, format_weight)
+        return cls(n, cfg.max_new_tokens, cfg.temperature, cfg.top_p, system_prompt, format_weight, cfg.top_k,
+                   cfg.min_p)  # fmt: skip
 
     def kwargs(self) -> dict:
         """`rollout`'s keyword arguments."""
         return dataclasses.asdict(self)
+
+    def support(self) -> dict:
+        """The sampler's support as the ops' keyword arguments (`linear_logprobs`, `sgrpo_loss`): only the options that
+        truncate, so that a run without them calls the ops exactly as before."""
+        return {k: v for k, v in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p))
+                if v != {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[k]}  # fmt: skip
 
 
 @dataclass

@@ -81,11 +81,12 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
     rollout is computed once too, by the first pass, from the policy's log-probs before the update (the PPO epochs'
     old log-probs, else the first pass's own hidden states through the LM head: no extra forward)."""
     targets = completion_targets(batch)
+    support = run.sampling.support()  # the sampler's top_k / top_p / min_p: log-probs of what it sampled from
     inputs = run.features.loss_inputs(batch, check)  # e.g. old_logp of the behaviour policy (PPO epochs)
     if run.loss_cfg.needs_ref:  # the frozen reference, or with LoRA the policy with its adapters disabled
         g = run.sampling.group_size
         inputs["ref_logp"] = reference_logprobs(
-            run.model, run.ref_model, batch, run.sampling.temperature, run.backend, g, check()
+            run.model, run.ref_model, batch, run.sampling.temperature, run.backend, g, check(), support
         )
     scale = rank_loss_scale(run.dist, run.loss_cfg.loss_agg, batch.completion_mask)
     # the policy before the update, when something needs it: PPO epochs' old log-probs, else the first pass's own
@@ -99,7 +100,7 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
         hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
         if wants_old and update.old_logp is None:  # the first pass: its log-probs, from its hidden states
             update.old_logp = head_logprobs(run.model, hidden, targets, run.sampling.temperature, run.backend,
-                                            check_targets)  # fmt: skip
+                                            check_targets, support)  # fmt: skip
             check_targets = False  # checked just now
         if group_kwargs is None:
             group_kwargs = sampler_correction(run, batch, groups, update.old_logp, update)
@@ -118,6 +119,7 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             backend=run.backend,
             check_targets=check_targets,
             **head.options(),  # bias, logit scale, softcap of this model's head
+            **support,
         )
         if scale is not None:  # this rank's share of the global batch's loss (the record logs the global loss)
             loss = loss * scale

@@ -111,10 +111,12 @@ def data_parallel(model, group_size: int, ctx: Dist) -> torch.nn.Module:
 
 @torch.no_grad()
 def token_logprobs(
-    model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets: bool | None = None
-) -> torch.Tensor:
+    model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets: bool | None = None,
+    support: dict | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Forward-only log-probs [N, T] of the completion tokens (no autograd state, no logits). `check_targets`: as in
-    `linear_logprobs` (None = env SGRPO_CHECK_TARGETS, default on; one host sync)."""
+    `linear_logprobs` (None = env SGRPO_CHECK_TARGETS, default on; one host sync). `support`: the sampler's
+    (`Sampling.support()`: top_k / top_p / min_p of `linear_logprobs`; None or {} = the full softmax)."""
     hidden = completion_hidden(model, batch, group_size)
     head = lm_head(model)
     logp, _ = linear_logprobs(
@@ -126,25 +128,28 @@ def token_logprobs(
         backend=backend,
         check_targets=check_targets,
         **head.options(),  # bias, logit scale, softcap of this model's head
+        **(support or {}),
     )
     return logp
 
 
 def reference_logprobs(
-    model, ref_model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets=None
-) -> Tensor:
+    model, ref_model, batch: Batch, temperature: float, backend: str | None, group_size: int, check_targets=None,
+    support: dict | None = None,
+) -> Tensor:  # fmt: skip
     """The reference policy's completion log-probs for the KL presets: the frozen reference model, or with LoRA
     (`ref_model` None) the policy itself with its adapters disabled (the base model: no second copy resident)."""
     if ref_model is not None:
-        return token_logprobs(ref_model, batch, temperature, backend, group_size, check_targets)
+        return token_logprobs(ref_model, batch, temperature, backend, group_size, check_targets, support)
     with model.disable_adapter():
-        return token_logprobs(model, batch, temperature, backend, group_size, check_targets)
+        return token_logprobs(model, batch, temperature, backend, group_size, check_targets, support)
 
 
 @torch.no_grad()
 def head_logprobs(
-    model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None, check_targets: bool | None = False
-) -> Tensor:
+    model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None, check_targets: bool | None = False,
+    support: dict | None = None,
+) -> Tensor:  # fmt: skip
     """Log-probs [N, T] of `targets` from hidden states [N, T, D] already computed (the loss's own forward): only the
     LM head runs, with the op and head options of the loss; detached. Positions with target -100 get 0.
     `check_targets`: as in `linear_logprobs` (default False: the loss's own call checks them)."""
@@ -158,5 +163,6 @@ def head_logprobs(
         backend=backend,
         check_targets=check_targets,
         **head.options(),
+        **(support or {}),
     )
     return logp.detach()

@@ -62,12 +62,14 @@ def rollout(
     format_weight: float = 0.0,
     greedy: bool = False,
     engine: RolloutEngine | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> Batch:
     """`group_size` completions of each problem from `engine` (None: HF generate on `model`), scored."""
     engine = HFEngine(model, tokenizer) if engine is None else engine
     prompts = chat_prompts(tokenizer, problems, system_prompt)
     device = next(model.parameters()).device
-    out = engine.generate(prompts, group_size, max_new_tokens, temperature, top_p, greedy)
+    out = engine.generate(prompts, group_size, max_new_tokens, temperature, top_p, greedy, top_k=top_k, min_p=min_p)
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     p_ids = enc["input_ids"].to(device).repeat_interleave(group_size, 0)
     p_mask = enc["attention_mask"].to(device).repeat_interleave(group_size, 0)

@@ -17,6 +17,7 @@ from sgrpo_kernels.rl import LossConfig
 from .config import TrainConfig
 from .distributed import ALONE, Dist
 from .engines import RolloutEngine, make_engine
+from .errors import Refused
 from .features import Features, build_features
 from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
 from .policy import data_parallel
@@ -125,6 +126,11 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         optimizer, lr_lambda(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     )
     engine = make_engine(cfg, model, tok, device, ctx)
+    if engine.name == "hf" and cfg.min_p and cfg.top_p < 1:
+        raise Refused(
+            f"--min-p {cfg.min_p} with --top-p {cfg.top_p} under HF generate: HF applies min_p after top_p, vLLM and the "
+            "loss's log-probs before it, so the two would mean different supports; use one of them, or vLLM"
+        )
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
     render = lambda p: chat_prompts(tok, [p], system_prompt)[0]  # noqa: E731 -- the text the rollout feeds the model

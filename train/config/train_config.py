@@ -136,6 +136,8 @@ class TrainConfig:
     max_new_tokens: int = option(12, "completion length limit (rollouts and evaluation)", Range(ge=1))
     temperature: float = option(0.7, "sampling temperature (the loss uses the same)", Range(gt=0))
     top_p: float = option(1.0, "nucleus sampling; 1 = off", Range(gt=0, le=1))
+    top_k: int = option(0, "top-k sampling: the k most likely tokens only; 0 = off", Range(ge=0))
+    min_p: float = option(0.0, "min-p sampling: tokens with p >= min_p * p_max only; 0 = off", Range(ge=0, lt=1))
     use_vllm: str = option(
         "auto",
         "rollout engine: on = vLLM (refused, with the reason, when it cannot start), off = HF generate, auto = vLLM "

@@ -30,8 +30,12 @@ class RolloutEngine(Protocol):
         temperature: float,
         top_p: float,
         greedy: bool = False,
+        *,
+        top_k: int = 0,
+        min_p: float = 0.0,
     ) -> Generated:
-        """`n` completions of each prompt (chat-formatted text), sampled at `temperature` / `top_p`, or greedy."""
+        """`n` completions of each prompt (chat-formatted text), sampled at `temperature` / `top_p` (and `top_k`,
+        `min_p`: 0 = off), or greedy."""
         ...
 
     def sync(self, model) -> None:

@@ -52,6 +52,9 @@ def hf_generate(
     top_p: float,
     greedy: bool = False,
     share_prompts: bool = True,
+    *,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS.
     With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times."""
@@ -62,9 +65,10 @@ def hf_generate(
     model.eval()
     cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
     ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-    kwargs = (
-        {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-    )
+    sample = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
+    kwargs = {"do_sample": False} if greedy else sample
+    if min_p and not greedy:  # (HF applies it after top_k / top_p; vLLM and the ops before: setup refuses the mix)
+        kwargs["min_p"] = min_p
     if cache is not None:
         kwargs |= cache_kwargs(model, cache)
     out = model.generate(
@@ -89,9 +93,11 @@ class HFEngine:
         self.model, self.tokenizer = model, tokenizer
 
     def generate(
-        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False
-    ) -> Generated:
-        _, _, c_ids = hf_generate(self.model, self.tokenizer, prompts, n, max_new_tokens, temperature, top_p, greedy)
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False,
+        *, top_k: int = 0, min_p: float = 0.0,
+    ) -> Generated:  # fmt: skip
+        _, _, c_ids = hf_generate(self.model, self.tokenizer, prompts, n, max_new_tokens, temperature, top_p, greedy,
+                                  top_k=top_k, min_p=min_p)  # fmt: skip
         return Generated(c_ids, None)
 
     def sync(self, model) -> None:

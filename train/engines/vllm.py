@@ -164,8 +164,9 @@ class VLLMEngine:
         print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}{why}) started in {time.time() - t0:.1f} s")
 
     def generate(
-        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False
-    ) -> Generated:
+        self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False,
+        *, top_k: int = 0, min_p: float = 0.0,
+    ) -> Generated:  # fmt: skip
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -173,7 +174,8 @@ class VLLMEngine:
             max_tokens=max_new_tokens,
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
-            top_k=0,
+            top_k=0 if greedy else top_k,
+            min_p=0.0 if greedy else min_p,
             logprobs=0,  # the sampled token's own log-prob only
             stop_token_ids=self.eos,
             detokenize=False,

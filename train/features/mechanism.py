@@ -100,7 +100,7 @@ def measure(run, batch, old_logp: Tensor | None, before: list[Tensor]) -> tuple[
     g = run.sampling.group_size
     if old_logp is None:  # no loss was computed this step: nothing to compare with
         return norm, {k: torch.zeros((), dtype=torch.float64, device=run.device) for k in SUMS}
-    new = token_logprobs(run.model, batch, run.sampling.temperature, run.backend, g, False)
+    new = token_logprobs(run.model, batch, run.sampling.temperature, run.backend, g, False, run.sampling.support())
     shared = shared_with_wrong(batch.completion_ids, batch.completion_mask, batch.correct, g)
     sums = displacement_sums(old_logp, new, batch.completion_mask.to(new.device), batch.correct, shared)
     return norm, dict(zip(SUMS, sums.unbind()))
