@@ -112,6 +112,9 @@ RESEARCH_ARMS |= {
         # PPO's ratio clip made active: a second pass over each rollout batch (the first is on-policy: ratio 1)
         Arm("grpo_nokl_ppo2_lr2.5e-4", "grpo", "beta=0", f"{_NOKL} at lr 2.5e-4, 2 PPO epochs per rollout batch",
             train={"lr": "2.5e-4", "ppo_epochs": "2"}),
+        # the field's losses at the regime's learning rate (research arms, not part of a pre-registered plan)
+        *(Arm(m, m, "", f"the RL layer's {m} preset (verl 0.9.1's defaults for that loss mode, beta 0)")
+          for m in ("dppo_tv", "dppo_kl", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov")),
         # phase 2's stabilizers (pre-registration section 9.1): `--preset M --lr 2.5e-4`, nothing else changed; the
         # presets are the RL layer's FIELD_PRESETS (verl 0.9.1's defaults for that loss mode, beta 0)
         *(Arm(f"{m}_lr2.5e-4", m, "", f"{about} (verl 0.9.1's defaults, beta 0) at lr 2.5e-4", train={"lr": "2.5e-4"})
