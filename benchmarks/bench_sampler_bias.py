@@ -82,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import vllm
 
+    from train.export import write_hf_folder
     from train.model import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer("smollm2-135m", torch.device("cpu"), torch.float32, progress=False)
     model.eval()
-    folder = Path(tempfile.mkdtemp(prefix="sgrpo-bias-"))
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    # as the trainer's vLLM engine does: a plain checkpoint (the GGUF loader's quantization_config left out, which
+    # vLLM would otherwise read as a GGUF checkpoint and refuse)
+    folder = write_hf_folder(model, tok, Path(tempfile.mkdtemp(prefix="sgrpo-bias-")))
     llm = vllm.LLM(model=str(folder), dtype="float32", seed=args.seed, enforce_eager=True,
                    logprobs_mode="processed_logprobs", kv_cache_memory_bytes=2**30)
     rows = []
