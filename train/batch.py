@@ -39,8 +39,14 @@ class Sampling:
     def support(self) -> dict:
         """The sampler's support as the ops' keyword arguments (`linear_logprobs`, `sgrpo_loss`): only the options that
         truncate, so that a run without them calls the ops exactly as before."""
-        return {k: v for k, v in (("top_k", self.top_k), ("top_p", self.top_p), ("min_p", self.min_p))
-                if v != {"top_k": 0, "top_p": 1.0, "min_p": 0.0}[k]}  # fmt: skip
+        out: dict = {}
+        if self.top_k:
+            out["top_k"] = self.top_k
+        if self.top_p < 1:
+            out["top_p"] = self.top_p
+        if self.min_p:
+            out["min_p"] = self.min_p
+        return out
 
 
 @dataclass

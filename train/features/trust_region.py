@@ -31,7 +31,6 @@ class TrustRegion(Feature):
     name = "trust_region"
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], delta: float):
-        self.delta = delta
         # attach=False: the trainer calls snapshot/project itself, in the order of its features' hooks
         self.region = rl.TrustRegion(optimizer, delta, params=params, strict=False, attach=False)
         self.fields: dict = {}
@@ -45,7 +44,7 @@ class TrustRegion(Feature):
     def after_optimizer_step(self, which: str) -> None:
         s = self.region.project()
         self.fields |= {"tr_step_norm": s.norm, "tr_step_norm_after": s.norm_after}
-        self.fields["tr_projected"] += int(s.norm > self.delta)  # a non-finite norm is not counted (the guard's job)
+        self.fields["tr_projected"] += int(s.projected)  # a non-finite step is not projected (the guard's job)
         return None
 
     def undo_step(self, first: bool) -> bool:
