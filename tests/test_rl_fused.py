@@ -203,3 +203,39 @@ def test_sgrpo_loss_scores_the_samplers_support(support):
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
     full, _ = sgrpo_loss(hidden, weight, targets, adv, mask, cfg, bias=bias, old_logp=old, backend="torch")
     assert not torch.allclose(full, loss)  # the support changed the loss
+
+
+@pytest.mark.parametrize("cfg", [rl.preset("grpo"), rl.preset("dppo_tv")], ids=["grpo", "dppo_tv"])
+def test_on_logp_hands_over_the_ops_own_logprobs(cfg):
+    """on_logp gets the op's log-probs (detached, 0 where ignored: equal to a separate op call bit for bit) and what it
+    returns is used as if given: loss and every gradient equal those of the call that passes the same inputs."""
+    hidden, weight, bias, targets, mask, rewards, adv, old, ref = make(3)
+    with torch.no_grad():
+        separate = sgrpo_kernels.linear_logprobs(hidden, weight, targets, bias=bias, return_entropy=False).logp
+    seen = {}
+
+    def weights_from(logp):  # a TIS-like weight computed from the policy's own log-probs
+        seen["logp"] = logp
+        return {"token_weights": (logp - old).exp().clamp(max=2.0), "old_logp": old}
+
+    def call(**extra):
+        h, w, b = (x.clone().requires_grad_(True) for x in (hidden, weight, bias))
+        loss, metrics = sgrpo_loss(h, w, targets, adv, mask, cfg, bias=b, ref_logp=ref, compute_entropy=True, **extra)
+        loss.backward()
+        return [loss.detach(), h.grad, w.grad, b.grad, metrics["ratio_mean"]]
+
+    hooked = call(on_logp=weights_from, old_logp=old + 5.0)  # the hook's old_logp replaces the given one
+    assert not seen["logp"].requires_grad and torch.equal(seen["logp"], separate)
+    assert torch.equal(seen["logp"][~mask], torch.zeros(int((~mask).sum())))
+    given = call(token_weights=(separate - old).exp().clamp(max=2.0), old_logp=old)
+    for a, b in zip(hooked, given, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_on_logp_bad_returns_refused():
+    hidden, weight, bias, targets, mask, rewards, adv, old, ref = make(4)
+    cfg = rl.preset("grpo")
+    for bad, words in [(lambda lp: [lp], ["on_logp must return a mapping", "list"]),
+                       (lambda lp: {"weights": lp}, ["on_logp returned 'weights'", "token_weights"])]:  # fmt: skip
+        assert_refused(lambda: sgrpo_loss(hidden, weight, targets, adv, mask, cfg, ref_logp=ref, on_logp=bad),
+                       TypeError, words)  # fmt: skip

@@ -147,6 +147,35 @@ def test_sampler_correction_needs_no_forward_of_its_own(tmp_path, monkeypatch, m
     assert torch.equal(seen["kwargs"]["token_weights"], expected["token_weights"])
 
 
+def test_first_pass_runs_the_lm_head_once(tmp_path, monkeypatch):
+    """The first pass's log-probs for the sampler correction are the loss's own op call's (handed over by
+    `sgrpo_loss(on_logp=)`): one LM-head call per optimizer pass, plus the reference's. Before, the first pass ran the
+    head a second time (`head_logprobs`), 3-4.5% of a decisive-regime step. The correction is that of a separate
+    forward's log-probs, bit for bit."""
+    import sgrpo_kernels.rl.fused as fused
+    import train.policy as policy
+
+    run = setup(tiny_cfg(tmp_path, tis_cap=3.0), preset("grpo"))
+    batch = rollout(run.model, run.tok, step_problems(run), **run.sampling.kwargs(), engine=run.engine)
+    trainer = token_logprobs(run.model, batch, run.sampling.temperature, None, run.sampling.group_size)
+    m = batch.completion_mask
+    batch.sampler_logp = torch.where(m, trainer - 0.25 * (torch.arange(trainer.shape[1]) % 3), 0.0)
+    expected = sampler_correction(run, batch, advantages(run, batch), trainer, Update())
+    heads = {"policy": 0, "loss": 0}
+    for name, owner in (("policy", policy), ("loss", fused)):
+        real = owner.linear_logprobs
+        monkeypatch.setattr(owner, "linear_logprobs", lambda *a, _r=real, _n=name, **k: heads.__setitem__(
+            _n, heads[_n] + 1) or _r(*a, **k))  # fmt: skip
+    seen = {}
+    real_correction = sampler_correction
+    monkeypatch.setattr("train.loss.sampler_correction", lambda *a: seen.setdefault("kwargs", real_correction(*a)))
+    update = Update()
+    policy_update(run, batch, advantages(run, batch), update, 1)
+    assert heads == {"policy": 1, "loss": 1}  # the reference's (grpo: beta 0.04) and the loss's
+    assert update.applied and torch.equal(update.old_logp, trainer)
+    assert torch.equal(seen["kwargs"]["token_weights"], expected["token_weights"])
+
+
 @pytest.mark.parametrize("cap", [0.5, -1.0])
 def test_tis_cap_below_one_refused(cap):
     from train.config import ConfigError, TrainConfig

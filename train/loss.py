@@ -17,7 +17,7 @@ from sgrpo_kernels.rl import GroupSignals, logp_mismatch, sampler_importance_wei
 
 from .batch import Batch, Update
 from .distributed import Dist
-from .policy import completion_targets, head_logprobs, reference_logprobs
+from .policy import completion_targets, reference_logprobs
 
 
 def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float | None:
@@ -79,7 +79,8 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
     does not change between passes is computed here once: the targets, the features' loss inputs (old-policy
     log-probs), the reference's log-probs (KL presets) and this rank's loss scale; the sampler correction of a vLLM
     rollout is computed once too, by the first pass, from the policy's log-probs before the update (the PPO epochs'
-    old log-probs, else the first pass's own hidden states through the LM head: no extra forward)."""
+    old log-probs, else the first pass's own, handed over by the loss's op call: no extra forward, no second LM
+    head)."""
     targets = completion_targets(batch)
     support = run.sampling.support()  # the sampler's top_k / top_p / min_p: log-probs of what it sampled from
     inputs = run.features.loss_inputs(batch, check)  # e.g. old_logp of the behaviour policy (PPO epochs)
@@ -98,12 +99,14 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
         nonlocal group_kwargs
         # [N, T, D]: the policy forward never makes logits (run.policy: DDP-wrapped under torchrun)
         hidden = run.policy(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-        if wants_old and update.old_logp is None:  # the first pass: its log-probs, from its hidden states
-            update.old_logp = head_logprobs(run.model, hidden, targets, run.sampling.temperature, run.backend,
-                                            check_targets, support)  # fmt: skip
-            check_targets = False  # checked just now
-        if group_kwargs is None:
+
+        def first_pass(logp: Tensor) -> dict:  # the policy before the update: this pass's own log-probs (no 2nd head)
+            nonlocal group_kwargs
+            if wants_old and update.old_logp is None:
+                update.old_logp = logp
             group_kwargs = sampler_correction(run, batch, groups, update.old_logp, update)
+            return group_kwargs
+
         head = lm_head(run.model)
         loss, metrics = sgrpo_loss(
             hidden,
@@ -114,7 +117,8 @@ def loss_function(run, batch: Batch, groups: GroupSignals, check: Callable[[], b
             run.loss_cfg,
             temperature=run.sampling.temperature,
             **inputs,
-            **group_kwargs,  # token_weights (x the TIS weights), conflict_counts, rewards, group_size
+            **(group_kwargs or {}),  # token_weights (x the TIS weights), conflict_counts, rewards, group_size
+            on_logp=first_pass if group_kwargs is None else None,  # the first pass computes them from its log-probs
             compute_entropy=True,
             backend=run.backend,
             check_targets=check_targets,

@@ -143,26 +143,3 @@ def reference_logprobs(
         return token_logprobs(ref_model, batch, temperature, backend, group_size, check_targets, support)
     with model.disable_adapter():
         return token_logprobs(model, batch, temperature, backend, group_size, check_targets, support)
-
-
-@torch.no_grad()
-def head_logprobs(
-    model, hidden: Tensor, targets: Tensor, temperature: float, backend: str | None, check_targets: bool | None = False,
-    support: dict | None = None,
-) -> Tensor:  # fmt: skip
-    """Log-probs [N, T] of `targets` from hidden states [N, T, D] already computed (the loss's own forward): only the
-    LM head runs, with the op and head options of the loss; detached. Positions with target -100 get 0.
-    `check_targets`: as in `linear_logprobs` (default False: the loss's own call checks them)."""
-    head = lm_head(model)
-    logp, _ = linear_logprobs(
-        hidden.detach(),
-        head.weight.detach(),
-        targets,
-        temperature=temperature,
-        return_entropy=False,
-        backend=backend,
-        check_targets=check_targets,
-        **head.options(),
-        **(support or {}),
-    )
-    return logp.detach()

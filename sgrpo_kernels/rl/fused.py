@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,7 @@ def sgrpo_loss(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    on_logp: Callable[[Tensor], Mapping[str, object]] | None = None,
     **head_options: object,  # temperature, ignore_index, logit_scale, softcap: passed to linear_logprobs as given
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family loss straight from LM hidden states, without materializing ``[B*T, V]`` logits.
@@ -76,6 +79,12 @@ def sgrpo_loss(
         top_k, top_p, min_p: the sampler's support, as in ``linear_logprobs`` (docs/ops.md, "Sampler support"):
             log-probs, entropies and their gradients of the distribution the sampler truly drew from (None: the
             full softmax).
+        on_logp: called once with the op's log-probs ``[B, T]`` (detached; 0 where ignored) before the loss is
+            formed; returns keyword arguments of this function's loss inputs (``old_logp``, ``ref_logp``,
+            ``token_weights``, ``conflict_counts``, ``rewards``, ``group_size``, ``sampler_logp``) that depend on
+            them, which replace the given ones. For a trainer whose first pass is on-policy: the policy's log-probs
+            before the update are this forward's own, so e.g. a sampler correction (TIS weights) computed from them
+            needs no second LM-head pass.
 
     Returns:
         ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
@@ -120,20 +129,20 @@ def sgrpo_loss(
     vocab = int(weight.shape[0])
     if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)
         vocab = shard_range(vocab, process_group, hidden.device)[2]
-    return policy_loss(
-        out.logp,
-        advantages,
-        eff_mask,
-        config,
-        entropy=out.entropy,
-        old_logp=old_logp,
-        ref_logp=ref_logp,
-        token_weights=token_weights,
-        conflict_counts=conflict_counts,
-        rewards=rewards,
-        group_size=group_size,
-        vocab_size=vocab,
-        max_logprob=out.max_logprob,
-        sampler_logp=sampler_logp,
-        generator=generator,
-    )
+    inputs = dict(old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights, conflict_counts=conflict_counts,
+                  rewards=rewards, group_size=group_size, sampler_logp=sampler_logp)
+    if on_logp is not None:
+        inputs.update(_inputs_from_logp(on_logp, out.logp.detach(), inputs))
+    return policy_loss(out.logp, advantages, eff_mask, config, entropy=out.entropy, vocab_size=vocab,
+                       max_logprob=out.max_logprob, generator=generator, **inputs)
+
+
+def _inputs_from_logp(on_logp: Callable, logp: Tensor, inputs: dict) -> Mapping[str, object]:
+    got = on_logp(logp)
+    if not isinstance(got, Mapping):
+        raise TypeError(f"on_logp must return a mapping of loss inputs ({', '.join(inputs)}), got {type(got).__name__}")
+    unknown = [k for k in got if k not in inputs]
+    if unknown:
+        raise TypeError(f"on_logp returned {unknown[0]!r}, not a loss input of sgrpo_loss (expected some of: "
+                        f"{', '.join(inputs)})")
+    return got
