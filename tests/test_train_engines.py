@@ -72,7 +72,8 @@ def test_records_name_the_engine(tmp_path):
     assert summary["steps"] == 2
     steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if "event" not in r]
-    assert [(r["rollout_engine"], r["rollout_logp_diff"]) for r in steps] == [("hf", None), ("hf", None)]
+    keys = ("rollout_engine", "rollout_logp_diff", "rollout_ratio_mean", "rollout_ratio_outside")
+    assert [tuple(r[k] for k in keys) for r in steps] == [("hf", None, None, None)] * 2
 
 
 def test_step_time_includes_the_engines_weight_sync(tmp_path, monkeypatch):
@@ -106,6 +107,7 @@ def test_sampler_correction_by_hand(tmp_path, cap, weight):
     update = Update()
     kwargs = sampler_correction(run, batch, groups, trainer, update)
     assert update.rollout_logp_diff == pytest.approx(math.log(2.0), abs=1e-5)
+    assert (update.rollout_ratio_mean, update.rollout_ratio_outside) == (pytest.approx(2.0, abs=1e-5), 1.0)
     base = groups.token_weights if groups.token_weights is not None else torch.ones_like(trainer)
     if weight is None:
         assert kwargs["token_weights"] is groups.token_weights
@@ -114,7 +116,7 @@ def test_sampler_correction_by_hand(tmp_path, cap, weight):
     # no sampler log-probs (HF generate): nothing measured, nothing changed
     batch.sampler_logp, update = None, Update()
     assert sampler_correction(run, batch, groups, None, update) == groups.loss_kwargs()
-    assert update.rollout_logp_diff is None
+    assert update.rollout_logp_diff is None and update.rollout_ratio_mean is update.rollout_ratio_outside is None
 
 
 @pytest.mark.parametrize("mechanism", [False, True])
@@ -174,6 +176,18 @@ def test_first_pass_runs_the_lm_head_once(tmp_path, monkeypatch):
     assert heads == {"policy": 1, "loss": 1}  # the reference's (grpo: beta 0.04) and the loss's
     assert update.applied and torch.equal(update.old_logp, trainer)
     assert torch.equal(seen["kwargs"]["token_weights"], expected["token_weights"])
+
+
+def test_ratio_stats_by_hand():
+    """The step record's rollout_ratio_mean / _outside: pi_trainer / pi_sampler over the sampled tokens only."""
+    from train.loss import ratio_stats
+
+    sampler = torch.zeros(2, 4)
+    trainer = torch.log(torch.tensor([[1.0, 1.05, 0.85, 9.0], [1.2, 0.95, 7.0, 7.0]]))
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    mean, outside = ratio_stats(trainer, sampler, mask)
+    assert mean == pytest.approx((1.0 + 1.05 + 0.85 + 1.2 + 0.95) / 5) and outside == pytest.approx(2 / 5)
+    assert ratio_stats(trainer, sampler, torch.zeros_like(mask)) == (None, None)
 
 
 @pytest.mark.parametrize("cap", [0.5, -1.0])

@@ -198,6 +198,8 @@ def test_training_run_use_vllm_on(tmp_path):
     diffs = [r["rollout_logp_diff"] for r in steps]
     assert all(d is not None and math.isfinite(d) and 0 <= d < 0.1 for d in diffs), diffs
     assert diffs[-1] <= 2 * diffs[0] + 0.01, diffs
+    ratios = [(r["rollout_ratio_mean"], r["rollout_ratio_outside"]) for r in steps]  # the same gap as TRL measures it
+    assert all(0.9 < mean < 1.1 and 0 <= outside <= 1 for mean, outside in ratios), ratios
     assert sum(r.get("event") == "eval" for r in records) == 2  # before and after, through the engine
     folder = out / "model"
     assert "quantization_config" not in json.loads((folder / "config.json").read_text())  # de-quantized floats

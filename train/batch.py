@@ -81,6 +81,8 @@ class Update:
     skipped: int = 0  # passes whose update was dropped (non-finite loss, gradient, or weights after the step)
     rollout_logp_diff: float | None = None  # mean |sampler - trainer| log-prob of the sampled tokens; None: no
     # sampler log-probs (HF generate samples from the trainer's own forward)
+    rollout_ratio_mean: float | None = None  # mean pi_trainer / pi_sampler of the sampled tokens (None: as above)
+    rollout_ratio_outside: float | None = None  # fraction of them with that ratio outside [0.9, 1.1]
     notes: list[str] = field(default_factory=list)  # what was skipped and why, for the log
     applied: bool = False  # an optimizer step of this batch changed the weights (and was not undone)
     # the policy's log-probs [N, T] before the update (detached): the PPO epochs' old log-probs, else the first pass's

@@ -45,6 +45,15 @@ def rank_loss_scale(dist: Dist, loss_agg: str, completion_mask: Tensor) -> float
     return None
 
 
+def ratio_stats(trainer: Tensor, sampler: Tensor, mask: Tensor) -> tuple[float | None, float | None]:
+    """The importance ratio pi_trainer / pi_sampler over the sampled tokens: its mean and the fraction outside
+    [0.9, 1.1] (TRL's measure of the sampler mismatch, issue 6789); (None, None) without a token."""
+    ratio = (trainer.double() - sampler.double()).exp()[mask]
+    if ratio.numel() == 0:
+        return None, None
+    return float(ratio.mean()), float(((ratio < 0.9) | (ratio > 1.1)).double().mean())
+
+
 def sampler_correction(run, batch: Batch, groups: GroupSignals, trainer: Tensor | None, update: Update) -> dict:
     """The groups' loss keyword arguments, with the sampler/trainer mismatch of a vLLM rollout measured
     (`update.rollout_logp_diff`) and, with `tis_cap`, corrected: each token's loss weighted by the truncated
@@ -58,6 +67,7 @@ def sampler_correction(run, batch: Batch, groups: GroupSignals, trainer: Tensor 
         return kwargs
     sampler = batch.sampler_logp.to(trainer.device)
     update.rollout_logp_diff = float(logp_mismatch(trainer, sampler, batch.completion_mask))
+    update.rollout_ratio_mean, update.rollout_ratio_outside = ratio_stats(trainer, sampler, batch.completion_mask)
     if run.loss_cfg.off_policy_mask_threshold is not None:
         kwargs["sampler_logp"] = sampler
     if run.tis_cap:

@@ -129,5 +129,7 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
         "sample": batch.texts[0],
         "rollout_engine": run.engine.name,  # "hf" or "vllm"
         "rollout_logp_diff": update.rollout_logp_diff,  # mean |sampler - trainer| logp; null without sampler logps
+        "rollout_ratio_mean": update.rollout_ratio_mean,  # mean pi_trainer / pi_sampler; null as above
+        "rollout_ratio_outside": update.rollout_ratio_outside,  # its fraction outside [0.9, 1.1]; null as above
     }
     return run.features.record(record)
