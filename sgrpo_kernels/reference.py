@@ -106,19 +106,11 @@ def linear_logprobs(
     targets: torch.Tensor,  # (...)
     *,
     bias: torch.Tensor | None = None,  # (V,)
-    temperature: float = 1.0,
-    ignore_index: int = -100,
-    return_entropy: bool = True,
-    out_dtype: torch.dtype | None = torch.float32,
-    top_k=None,
-    top_p=None,
-    min_p=None,
+    **options,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits = hidden @ weight.T + bias, then `logprobs_from_logits`. Materializes (..., V)."""
+    """logits = hidden @ weight.T + bias, then `logprobs_from_logits` with the same keyword options (temperature,
+    ignore_index, return_entropy, out_dtype, top_k / top_p / min_p). Materializes (..., V)."""
     logits = hidden @ weight.T
     if bias is not None:
         logits = logits + bias
-    return logprobs_from_logits(
-        logits, targets, temperature=temperature, ignore_index=ignore_index, return_entropy=return_entropy,
-        out_dtype=out_dtype, top_k=top_k, top_p=top_p, min_p=min_p,
-    )
+    return logprobs_from_logits(logits, targets, **options)

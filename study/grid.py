@@ -48,6 +48,14 @@ ARMS: dict[str, Arm] = {
     )
 }
 
+
+def _on_s_grpo(name: str, about: str, loss: str = "", **train: str) -> Arm:
+    """An arm built on the s_grpo arm: its preset and quantile completion filter (PRESET_LOSS_DEFAULTS), plus the
+    method's `loss` overrides and trainer flags (`train`)."""
+    base = PRESET_LOSS_DEFAULTS["s_grpo"]
+    return Arm(name, "s_grpo", f"{base},{loss}" if loss else base, about, train=train)
+
+
 # Research arms for the methods of docs/rl.md: not part of the main comparison (`--arms` defaults to ARMS only); run
 # them by name, e.g. `--arms s_grpo,s_grpo_afn`. Each arm spells its method as overrides of an existing preset (the
 # trainer's --preset takes train.config's PRESET_NAMES and FIELD_PRESET_NAMES). The s_grpo-based arms keep the s_grpo
@@ -59,38 +67,40 @@ RESEARCH_ARMS: dict[str, Arm] = {
             "GRPO-TC with counterfactual credit on GTPO's prefix/suffix conflicts (conflict_strategy=causal)"),
         Arm("grpo_tc_anywhere", "grpo_tc", "conflict_detect=anywhere",
             "GRPO-TC with conflicts detected anywhere (token id in a positive and a negative completion)"),
-        Arm("s_grpo_anywhere", "s_grpo", f"{PRESET_LOSS_DEFAULTS['s_grpo']},conflict_detect=anywhere",
-            "the s_grpo arm with conflicts detected anywhere (the seed's pseudo-code)"),
-        Arm("s_grpo_afn", "s_grpo",
-            f"{PRESET_LOSS_DEFAULTS['s_grpo']},advantage_method=all_fail_negative,all_fail_c=1.0",
-            "the s_grpo arm + A = -1 for all-fail groups (the RL preset s_grpo_afn with the quantile filter)"),
+        _on_s_grpo("s_grpo_anywhere",
+            "the s_grpo arm with conflicts detected anywhere (the seed's pseudo-code)",
+            loss="conflict_detect=anywhere"),
+        _on_s_grpo("s_grpo_afn",
+            "the s_grpo arm + A = -1 for all-fail groups (the RL preset s_grpo_afn with the quantile filter)",
+            loss="advantage_method=all_fail_negative,all_fail_c=1.0"),
         Arm("s_grpo_coverage", "s_grpo", "entropy_filter=coverage",
             "S-GRPO with the derived per-group filter H_thr = min(ln n_eff, ln |V|) (entropy_filter=coverage)"),
-        Arm("s_grpo_pc", "s_grpo", f"{PRESET_LOSS_DEFAULTS['s_grpo']},prob_compensation=positive",
-            "the s_grpo arm + probability compensation C = min(2 - p/p_max, 1 + eps) on positive completions"),
-        Arm("s_grpo_ds", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+        _on_s_grpo("s_grpo_pc",
+            "the s_grpo arm + probability compensation C = min(2 - p/p_max, 1 + eps) on positive completions",
+            loss="prob_compensation=positive"),
+        _on_s_grpo("s_grpo_ds",
             "the s_grpo arm + DAPO dynamic sampling (constant groups dropped and resampled, at most 4 rollouts a step)",
-            train={"dynamic_sampling": "true", "dynamic_sampling_max_tries": "4"}),
+            dynamic_sampling="true", dynamic_sampling_max_tries="4"),
         # delta 0.1: the default job's AdamW steps measured 0.08, 0.12, 0.14, 0.17 over its first 4 steps (warm-up to
         # lr 5e-5), so the ball binds from the full learning rate on
-        Arm("s_grpo_tr", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+        _on_s_grpo("s_grpo_tr",
             "the s_grpo arm + trust region ||theta - theta_old|| <= 0.1 (each step projected onto the ball)",
-            train={"trust_region": "0.1"}),
+            trust_region="0.1"),
         # the ablation of s_grpo_tr: whatever the trust region does without S-GRPO's masks and filters
         Arm("grpo_nokl_tr", "grpo", "beta=0",
             "GRPO with beta = 0 + the same trust region ||theta - theta_old|| <= 0.1 (ablation of s_grpo_tr)",
             train={"trust_region": "0.1"}),
         # gamma 1 = the clip norm; lambda 0.05: ||H u|| measured 3 to 27 over the first 4 steps with ||g|| 0.75 to 1.9,
         # so the penalty's term lambda (||g|| - gamma) ||H u|| is up to ~1, the gradient's own scale
-        Arm("s_grpo_gp", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+        _on_s_grpo("s_grpo_gp",
             "the s_grpo arm + gradient penalty 0.05/2 max(0, ||g|| - 1)^2 (finite-difference Hessian-vector product)",
-            train={"grad_penalty": "0.05", "grad_penalty_gamma": "1.0"}),
+            grad_penalty="0.05", grad_penalty_gamma="1.0"),
         # wrong completions that share what precedes their answer get the same likelihood, so on answer-only completions
         # the group-normalized advantages are mostly the binary reward's (docs/trainer.md, "Dense reward from the
         # ground-truth likelihood")
-        Arm("s_grpo_gtl", "s_grpo", PRESET_LOSS_DEFAULTS["s_grpo"],
+        _on_s_grpo("s_grpo_gtl",
             "the s_grpo arm, a wrong completion's reward P(GT answer | its reasoning) (--dense-reward gt_likelihood)",
-            train={"dense_reward": "gt_likelihood"}),
+            dense_reward="gt_likelihood"),
     )
 }  # fmt: skip
 

@@ -79,6 +79,10 @@ class Run:
         return self.out_dir / "checkpoint"
 
 
+# the Run fields that are TrainConfig's settings as they are (setup copies them by name)
+RUN_SETTINGS = ("prompts_per_step", "max_grad_norm", "backend", "tis_cap", "tis_mode", "tis_min")
+
+
 def load_policy(cfg: TrainConfig, loss_cfg: LossConfig, device, dtype, model_and_tokenizer):
     """The policy (LoRA-wrapped with --lora) and its tokenizer, and the frozen reference of the KL presets."""
     if model_and_tokenizer is None:
@@ -139,9 +143,6 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     run = Run(
         loss_cfg=loss_cfg,
         sampling=sampling,
-        prompts_per_step=cfg.prompts_per_step,
-        max_grad_norm=cfg.max_grad_norm,
-        backend=cfg.backend,
         out_dir=out_dir,
         device=device,
         model=model,
@@ -156,9 +157,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         heldout=task.heldout(cfg.eval_problems, cfg.seed),
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
-        tis_cap=cfg.tis_cap,
-        tis_mode=cfg.tis_mode,
-        tis_min=cfg.tis_min,
+        **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
     run.features = build_features(cfg, run)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)

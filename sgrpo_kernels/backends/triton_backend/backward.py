@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import NEG, log_prob, logits_tile, mma, softcap_slope
+from .tiles import cut_to_support, log_prob, logits_tile, mma, softcap_slope, support_threshold
 
 __all__ = ["_compact_rows_kernel", "_linear_logprobs_bwd_dh_kernel", "_linear_logprobs_bwd_dw_kernel",
            "_linear_logprobs_bwd_dz_kernel"]
@@ -47,9 +47,7 @@ def _linear_logprobs_bwd_dz_kernel(
         m = tl.load(stats_ptr + rows, mask=i_ok, other=0.0)
         log_s = tl.load(stats_ptr + stride_stats + rows, mask=i_ok, other=0.0)
         gl = tl.load(gl_ptr + rows, mask=i_ok, other=0.0)
-        thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        if TRUNCATE:
-            thr = tl.load(thr_ptr + rows, mask=i_ok, other=float("-inf"))
+        thr = support_threshold(thr_ptr, rows, i_ok, TRUNCATE, BLOCK_M)
         cl = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         c_ok = cl < vc
         cols = v0 + cl.to(tl.int64)
@@ -60,7 +58,7 @@ def _linear_logprobs_bwd_dz_kernel(
             z, slope = softcap_slope(z, cap_in, cap_out)
             hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]
             if TRUNCATE:
-                z = tl.where((z >= thr[:, None]) | hit, z, NEG)
+                z = cut_to_support(z, thr, hit)
             dz = tl.where(hit, gl[:, None] * slope, 0.0)
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j) * slope
@@ -71,7 +69,7 @@ def _linear_logprobs_bwd_dz_kernel(
                 dz -= ge[:, None] * p * (logp_j + ent[:, None])
         else:
             if TRUNCATE:
-                z = tl.where((z >= thr[:, None]) | (cl[None, :] == (tgt - v0).to(tl.int32)[:, None]), z, NEG)
+                z = cut_to_support(z, thr, cl[None, :] == (tgt - v0).to(tl.int32)[:, None])
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j)
             dz = -gl[:, None] * p

@@ -7,7 +7,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import NEG, finalize_store, logits_tile, online_update, softcap, target_logit
+from .tiles import (
+    NEG,
+    cut_to_support,
+    finalize_store,
+    logits_tile,
+    online_update,
+    softcap,
+    support_threshold,
+    target_logit,
+)
 
 __all__ = ["_linear_logprobs_fwd_kernel", "_linear_logprobs_merge_kernel"]
 
@@ -29,9 +38,7 @@ def _linear_logprobs_fwd_kernel(
     rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=ignore_index)
-    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if TRUNCATE:
-        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
+    thr = support_threshold(thr_ptr, rows, row_ok, TRUNCATE, BLOCK_M)
     v_start = pid_s * v_per_split
     v_end = tl.minimum(v_start + v_per_split, V)
     m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -55,7 +62,7 @@ def _linear_logprobs_fwd_kernel(
         if TRUNCATE:  # outside the sampler's support, except the target: NEG (p = 0)
             # the target's column within the tile as int32 (an int64 compare over the tile doubles its registers)
             hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
-            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
+            z = cut_to_support(z, thr, hit)
         m, s, u = online_update(m, s, u, z, WITH_ENTROPY)
     if SPLIT:
         off = pid_s.to(tl.int64) * N + rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import NEG, finalize_store, log_prob, online_update
+from .tiles import NEG, cut_to_support, finalize_store, log_prob, online_update, support_threshold
 
 __all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel"]
 
@@ -26,9 +26,7 @@ def _logprobs_from_logits_fwd_kernel(
     s = tl.zeros((BLOCK_M,), dtype=tl.float32)
     u = tl.zeros((BLOCK_M,), dtype=tl.float32)
     zy = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if TRUNCATE:
-        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
+    thr = support_threshold(thr_ptr, rows, row_ok, TRUNCATE, BLOCK_M)
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_ok = cols < V
@@ -38,7 +36,7 @@ def _logprobs_from_logits_fwd_kernel(
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
         if TRUNCATE:
-            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
+            z = cut_to_support(z, thr, hit)
         m, s, u = online_update(m, s, u, tl.maximum(z, NEG), WITH_ENTROPY)
     finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
                    WITH_STATS)
@@ -64,9 +62,7 @@ def _logprobs_from_logits_bwd_kernel(
         ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
         live = live | (ge != 0.0)
     live = live & row_ok & (tgt != ignore_index)
-    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if TRUNCATE:
-        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
+    thr = support_threshold(thr_ptr, rows, row_ok, TRUNCATE, BLOCK_M)
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_ok = cols < V
@@ -76,7 +72,7 @@ def _logprobs_from_logits_bwd_kernel(
         z = x.to(tl.float32) * inv_temp
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         if TRUNCATE:
-            z = tl.where((z >= thr[:, None]) | hit, z, NEG)
+            z = cut_to_support(z, thr, hit)
         logp_j = log_prob(z, m, log_s)
         p = tl.exp(logp_j)
         dz = -gl[:, None] * p

@@ -1,14 +1,14 @@
 """Shared `@triton.jit` tile helpers of the kernels: the matrix product, the logits tile, the online log-sum-exp /
-entropy update, the target logit, the final store of logp / entropy / row statistics and the backward's log p
-(inlined into every kernel that calls them; docs in the package docstring)."""
+entropy update, the target logit, the final store of logp / entropy / row statistics, the backward's log p and the
+sampler's support (threshold, cut) (inlined into every kernel that calls them; docs in the package docstring)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-__all__ = ["LOGP_FLOOR", "NEG", "finalize_store", "log_prob", "logits_tile", "mma", "online_update", "softcap",
-           "softcap_slope", "target_logit"]
+__all__ = ["LOGP_FLOOR", "NEG", "cut_to_support", "finalize_store", "log_prob", "logits_tile", "mma", "online_update",
+           "softcap", "softcap_slope", "support_threshold", "target_logit"]
 
 # masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0. Far below any logit a model produces (fp32
 # ends at 3.4e38) but with room for NEG - m to stay finite: logits down to -1e38 keep their value in the statistics.
@@ -131,3 +131,18 @@ def log_prob(z, m, log_s):
     """The backward's log p = (z - m) - log s of a (rows, cols) tile from the saved row statistics (never z - lse:
     lse = m + log s is rounded at large |m|), floored at LOGP_FLOOR (p = 0 exactly there; -inf logits stay finite)."""
     return tl.maximum((z - m[:, None]) - log_s[:, None], LOGP_FLOOR)
+
+
+@triton.jit
+def support_threshold(thr_ptr, rows, row_ok, TRUNCATE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows' threshold of the sampler's support (thr_ptr, (N,)) with TRUNCATE; -inf (nothing cut) without."""
+    thr = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if TRUNCATE:
+        thr = tl.load(thr_ptr + rows, mask=row_ok, other=float("-inf"))
+    return thr
+
+
+@triton.jit
+def cut_to_support(z, thr, hit):
+    """z outside the sampler's support (below the row's threshold `thr`), except the target column (`hit`): NEG."""
+    return tl.where((z >= thr[:, None]) | hit, z, NEG)
