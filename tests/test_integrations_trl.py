@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, TrainerCallback  # noqa: E402
 
 import sgrpo_kernels as sk  # noqa: E402
-from sgrpo_kernels import rl  # noqa: E402
+from sgrpo_kernels import reference, rl  # noqa: E402
 from sgrpo_kernels.integrations.hf import lm_head  # noqa: E402
 from sgrpo_kernels.integrations.trl import SGRPOConfig, SGRPOTrainer  # noqa: E402
 
@@ -123,19 +123,7 @@ def test_parity_with_trl_loss(tmp_path):
     t = trainer(tmp_path, "grpo", "beta=0", loss_type="grpo", epsilon=0.2, temperature=0.7, bf16=False)
     t.model.train()
     t.current_gradient_accumulation_steps = 1  # (set by Trainer's loop; both losses divide by it)
-    inputs = _inputs(t)
-    losses, grads = [], []
-    for compute in (trl.GRPOTrainer._compute_loss, SGRPOTrainer._compute_loss):
-        t.model.zero_grad(set_to_none=True)
-        loss = compute(t, t.model, dict(inputs))
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
-    assert grads[0].keys() == grads[1].keys() and grads[0]
-    for k in grads[0]:
-        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-5, atol=1e-5, msg=k)
-    assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4  # a real gradient was compared
+    _both_losses(t, _inputs(t), atol=1e-5)
 
 
 def test_conflict_weights_survive_trl_shuffling(tmp_path):
@@ -393,6 +381,8 @@ def test_gradient_accumulation_gives_the_one_micro_batch_update(tmp_path, name):
         ("grpo", "", {"beta": 0.04}),  # TRL's reference model and its log-probs feed the preset's KL term
         ("s_grpo", "entropy_filter=quantile:0.75", {"num_iterations": 2}),  # old log-probs from TRL
         ("gtpo", "entropy_filter=none", {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 4}),
+        # the sampler's support: policy, old and reference log-probs all over it
+        ("grpo", "", {"beta": 0.04, "num_iterations": 2, "top_p": 0.8, "top_k": 20}),
     ],
 )
 def test_trl_features_work_through_the_integration(tmp_path, monkeypatch, preset, loss, extra):
@@ -543,7 +533,8 @@ def _current_logps(t, inputs):
     return lp
 
 
-def _both_losses(t, inputs):
+def _both_losses(t, inputs, atol: float = 1e-6):
+    """TRL's `_compute_loss` and SGRPOTrainer's on the same batch: equal losses and gradients (rtol 1e-5)."""
     losses, grads = [], []
     for compute in (trl.GRPOTrainer._compute_loss, SGRPOTrainer._compute_loss):
         t.model.zero_grad(set_to_none=True)
@@ -551,10 +542,11 @@ def _both_losses(t, inputs):
         loss.backward()
         losses.append(loss.detach())
         grads.append({n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=atol)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
     for k in grads[0]:
-        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-5, atol=1e-6, msg=k)
-    assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4
+        torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-5, atol=atol, msg=k)
+    assert max(g.abs().max().item() for g in grads[0].values()) > 1e-4  # a real gradient was compared
     return losses
 
 
@@ -604,3 +596,179 @@ def test_sampler_correction_from_trls_fields_equals_trl(tmp_path, mode):
     _both_losses(t, inputs)
     kl = ((sampled - lp) * mask).sum(-1) / mask.sum(-1)
     assert ((inputs["advantages"] < 0) & (kl > 0.05)).any()  # the off-policy mask dropped a completion
+
+
+# -------------------------------------------------------------- the sampler's support: TRL's top_k / top_p / min_p
+
+
+def _args(tmp_path, **kw) -> SGRPOConfig:
+    return SGRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], beta=0.0, **kw)
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({}, {}),  # TRL's defaults: top_k=0, top_p=1.0, min_p=None
+        ({"top_k": 0, "top_p": 1.0, "min_p": 0.0}, {}),  # the off values spelled out
+        ({"top_k": None, "top_p": None, "min_p": None}, {}),
+        ({"top_k": -1, "top_p": 1}, {}),  # vLLM's top-k off; an int 1
+        ({"top_k": 5}, {"top_k": 5}),
+        ({"top_k": 7, "top_p": 0.9}, {"top_k": 7, "top_p": 0.9}),
+        ({"top_k": 7, "min_p": 0.05}, {"top_k": 7, "min_p": 0.05}),
+        ({"top_p": 0.9, "min_p": 0.05, "use_vllm": True}, {"top_p": 0.9, "min_p": 0.05}),  # vLLM's order is ours
+        ({"top_p": 0.9, "generation_kwargs": {"top_p": 0.7, "top_k": 3}}, {"top_k": 3, "top_p": 0.7}),  # TRL's override
+        ({"top_p": 0.9, "generation_kwargs": {"top_p": 1.0}}, {}),
+    ],
+)
+def test_trl_sampler_fields_map_to_the_ops_options(tmp_path, fields, want):
+    from sgrpo_kernels.integrations.trl_support import sampler_support
+
+    assert sampler_support(_args(tmp_path, **fields)) == want
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"top_p": 1.5}, ["top_p=1.5", "(0, 1]"]),
+        ({"top_p": 0.0}, ["top_p=0.0", "(0, 1]"]),
+        ({"top_p": float("nan")}, ["top_p=nan", "(0, 1]"]),
+        ({"top_k": -2}, ["top_k=-2", "int >= 1"]),
+        ({"top_k": 2.5}, ["top_k=2.5", "int >= 1"]),
+        ({"min_p": 1.0}, ["min_p=1.0", "[0, 1)", "top_k=1"]),
+        ({"min_p": -0.1}, ["min_p=-0.1", "[0, 1)"]),
+        ({"generation_kwargs": {"top_p": 2}}, ["generation_kwargs={'top_p': 2}", "(0, 1]"]),
+        # transformers' generate applies min_p after top_p: another support than vLLM's, which the ops follow
+        ({"top_p": 0.9, "min_p": 0.05}, ["top_p=0.9", "min_p=0.05", "use_vllm=False", "use_vllm=True"]),
+    ],
+)
+def test_trl_sampler_fields_refuse_what_cannot_work(tmp_path, fields, words):
+    from conftest import assert_refused
+
+    assert_refused(lambda: _args(tmp_path, **fields), ValueError, words)
+
+
+def test_a_backend_that_does_not_apply_the_support_is_refused_at_the_start(tmp_path, monkeypatch):
+    from conftest import assert_refused
+
+    import sgrpo_kernels.integrations.trl_support as trl_support
+
+    monkeypatch.setattr(trl_support, "applies_threshold", lambda name: False)
+    assert_refused(lambda: trainer(tmp_path, top_p=0.9), ValueError, ["top_p=0.9", "'torch' backend", "top_p=1.0"])
+    trainer(tmp_path)  # without the support, no backend is asked for it
+
+
+def _reference_logps(m, ids, att, t_len: int, temperature: float, **support):
+    """float64 log-probs and entropies of the last t_len tokens from the model's full logits, truncated by
+    sgrpo_kernels.reference (the specification); 0 where the attention mask is 0."""
+    with torch.no_grad():
+        logits = m(input_ids=ids, attention_mask=att).logits[:, -t_len - 1 : -1].double()
+    targets = ids[:, -t_len:].masked_fill(att[:, -t_len:] == 0, -100)
+    return reference.logprobs_from_logits(logits, targets, temperature=temperature, out_dtype=None, **support)
+
+
+def _assert_over_support(lp, m, ids, att, t_len, temperature, support, entropy=None):
+    """lp (and entropy) equal the reference over `support`, and each setting of it changes the numbers."""
+    want_lp, want_h = _reference_logps(m, ids, att, t_len, temperature, **support)
+    torch.testing.assert_close(lp.double(), want_lp, rtol=1e-5, atol=2e-5)
+    if entropy is not None:
+        torch.testing.assert_close(entropy.double(), want_h, rtol=1e-5, atol=2e-5)
+    for name in support:  # without this setting the numbers move: the comparison above sees it
+        other, _ = _reference_logps(m, ids, att, t_len, temperature, **{k: v for k, v in support.items() if k != name})
+        assert (other - want_lp).abs().max() > 1e-2, name
+
+
+@pytest.mark.parametrize("support", [{"top_p": 0.8}, {"top_k": 3, "min_p": 0.5}])
+def test_trl_log_prob_method_is_over_the_support(tmp_path, support):
+    """SGRPOTrainer._get_per_token_logps_and_entropies (TRL's old and reference log-probs, and its own loss's) gives
+    the log-probs and entropies of the truncated distribution at TRL's temperature, chunked as TRL asks."""
+    t = trainer(tmp_path, temperature=0.7, bf16=False, **support)
+    inputs = _inputs(t)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    c = inputs["completion_ids"].size(1)
+    with torch.no_grad():
+        lp, ent, aux = t._get_per_token_logps_and_entropies(t.model, ids, att, c, batch_size=3, compute_entropy=True)
+    assert aux is None and lp.shape == ent.shape == (8, c)
+    _assert_over_support(lp, t.model, ids, att, c, 0.7, support, entropy=ent)
+
+
+def test_trls_old_and_reference_log_probs_are_over_the_support(tmp_path):
+    """A real generation step (transformers' generate with top_p, beta > 0, num_iterations 2): TRL's
+    old_per_token_logps (policy) and ref_per_token_logps (reference model) are those of the truncated distribution,
+    and every sampled token lies in the support the ops compute."""
+    t = trainer(tmp_path, "grpo", "", from_disk=True, beta=0.04, num_iterations=2, top_p=0.8, temperature=0.7,
+                bf16=False)  # fmt: skip
+    t.model.train()
+    with torch.no_grad():  # the policy moves away from the reference: the two comparisons differ
+        for p in t.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    out = t._generate_and_score_completions(next(iter(t.get_train_dataloader())))
+    ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+    att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+    c, mask = out["completion_ids"].size(1), out["completion_mask"].bool()
+    support = {"top_p": 0.8}
+    _assert_over_support(out["old_per_token_logps"], t.model, ids, att, c, 0.7, support)
+    _assert_over_support(out["ref_per_token_logps"], t.ref_model, ids, att, c, 0.7, support)
+    assert (out["old_per_token_logps"] - out["ref_per_token_logps"])[mask].abs().max() > 1e-2
+    with torch.no_grad():
+        z = t.model(input_ids=ids, attention_mask=att).logits[:, -c - 1 : -1].double() / 0.7
+    flat = z.reshape(-1, z.shape[-1])
+    keep = reference.sampler_support(flat, flat.argmax(-1), top_p=0.8)  # (the argmax is always kept)
+    sampled = keep.gather(1, out["completion_ids"].reshape(-1, 1)).view(mask.shape)
+    assert sampled[mask].all() and not keep.all()  # transformers' top_p sampled inside the ops' support
+
+
+@pytest.mark.parametrize("off", [{}, {"top_k": 0, "top_p": 1.0, "min_p": 0.0}, {"top_k": None, "min_p": None}])
+def test_trl_sampler_defaults_call_everything_as_before(tmp_path, monkeypatch, off):
+    """With the sampler settings off, the loss is called without top_k / top_p / min_p and TRL's log-probs are TRL's
+    own computation: the same numbers, bit for bit."""
+    import sgrpo_kernels.integrations.trl as integration
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return rl.sgrpo_loss(*args, **kwargs)
+
+    monkeypatch.setattr(integration, "sgrpo_loss", spy)
+    t = trainer(tmp_path, "grpo", "beta=0", temperature=0.7, bf16=False, **off)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    inputs = _inputs(t)
+    SGRPOTrainer._compute_loss(t, t.model, dict(inputs))
+    assert seen and not {"top_k", "top_p", "min_p"} & set(seen[-1])  # the call of before this feature
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        got = t._get_per_token_logps_and_entropies(t.model, ids, att, 6, compute_entropy=True)
+        want = trl.GRPOTrainer._get_per_token_logps_and_entropies(t, t.model, ids, att, 6, compute_entropy=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_loss_is_over_the_support_and_equals_trls_own(tmp_path, monkeypatch):
+    """top_p=0.8 reaches the fused loss (its log-probs are over the support), and the loss and gradients equal TRL's
+    own loss_type='grpo', whose policy log-probs come from the overridden TRL method over the same support; both
+    differ from the full-softmax loss."""
+    import sgrpo_kernels.integrations.trl as integration
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return rl.sgrpo_loss(*args, **kwargs)
+
+    monkeypatch.setattr(integration, "sgrpo_loss", spy)
+    kw = dict(loss_type="grpo", epsilon=0.2, temperature=0.7, bf16=False)
+    t = trainer(tmp_path, "grpo", "beta=0", top_p=0.8, **kw)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    inputs = _inputs(t)
+    g = torch.Generator().manual_seed(1)
+    lp = _current_logps(t, inputs)  # over the support: an off-policy batch whose ratios are not all 1
+    inputs["old_per_token_logps"] = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    losses = _both_losses(t, inputs)
+    assert seen[-1]["top_p"] == 0.8 and not {"top_k", "min_p"} & set(seen[-1])
+    full = trainer(tmp_path, "grpo", "beta=0", **kw)
+    full.model.train()
+    full.current_gradient_accumulation_steps = 1
+    assert (SGRPOTrainer._compute_loss(full, full.model, dict(inputs)) - losses[1]).abs() > 1e-3

@@ -28,6 +28,10 @@ What changes against `GRPOTrainer` (README, "Use with TRL"):
   (`sgrpo_kernels.rl.TrustRegion` on the optimizer; FSDP2 shards are measured as one model), logged as
   `trust_region/step_norm` (before), `trust_region/step_norm_after` and `trust_region/projected` (fraction of steps).
   With `sgrpo_preset=None` the loss and advantages are TRL's own (`loss_type`): the cap on plain GRPO.
+- TRL's sampler settings `top_k`, `top_p`, `min_p` (or their `generation_kwargs` overrides) give the sampler's
+  support to the loss's log-probs and to TRL's old and reference log-probs (and to TRL's own loss with
+  `sgrpo_preset=None`): those of the truncated, renormalized distribution the completions were drawn from
+  (`trl_support`). With none of them set every call is TRL's and the loss's as without.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from sgrpo_kernels.integrations.hf import lm_head
+from sgrpo_kernels.integrations.trl_support import check_backend, sampler_support, support_logps
 from sgrpo_kernels.rl import (
     LossConfig,
     TrustRegion,
@@ -93,6 +98,7 @@ class SGRPOConfig(GRPOConfig):
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"SGRPOConfig(trust_region={self.trust_region!r}): {exc}") from None
         _check_trl_is_fields(self)
+        sampler_support(self)  # a bad top_k / top_p / min_p is refused here
         loss_config(self)  # a bad preset or override is refused here, not when the trainer is built
 
 
@@ -187,6 +193,8 @@ class SGRPOTrainer(GRPOTrainer):
         if not isinstance(self.args, SGRPOConfig):
             raise TypeError(f"SGRPOTrainer needs an SGRPOConfig as args, got {type(self.args).__name__}")
         self.sgrpo_config = loss_config(self.args)
+        self.sgrpo_support = sampler_support(self.args)  # {} with TRL's defaults: every call as without
+        check_backend(self.sgrpo_support, self.accelerator.device)
         self._sgrpo_rewards_per_func: Tensor | None = None
         self._sgrpo_all_filtered = 0
         self.trust_region: TrustRegion | None = None
@@ -254,6 +262,30 @@ class SGRPOTrainer(GRPOTrainer):
         mask = acc.pad_across_processes(mask, dim=1, pad_index=0)
         return acc.gather(ids), acc.gather(mask).bool()
 
+    # ---------------------------------------------------------------------------- TRL's log-probs, over the support
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        """TRL's old and reference log-probs (and its own loss's, with sgrpo_preset=None): over the sampler's support
+        when top_k / top_p / min_p truncate, else TRL's own computation."""
+        support = getattr(self, "sgrpo_support", None)
+        if not support:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal,
+            )  # fmt: skip
+        extra = sorted(k for k, v in multimodal.items() if v is not None)
+        if extra:
+            raise NotImplementedError(f"SGRPOTrainer: multimodal inputs ({', '.join(extra)}) with the sampler's "
+                                      "support (top_k / top_p / min_p) are not supported yet")  # fmt: skip
+        if compute_aux_loss:
+            raise NotImplementedError("SGRPOTrainer: the MoE router loss (output_router_logits) with the sampler's "
+                                      "support (top_k / top_p / min_p) is not supported yet")  # fmt: skip
+        logps, entropies = support_logps(model, input_ids, attention_mask, logits_to_keep, support=support,
+                                         temperature=self.temperature, autocast=self.accelerator.autocast,
+                                         batch_size=batch_size, compute_entropy=compute_entropy)  # fmt: skip
+        return logps, entropies, None
+
     # ------------------------------------------------------------------------------------------------- the loss
 
     def _compute_loss(self, model, inputs):
@@ -302,6 +334,7 @@ class SGRPOTrainer(GRPOTrainer):
             conflict_counts=inputs.get("sgrpo_conflict_counts"),
             sampler_logp=sampled if sampled is not None else old,  # TRL's off-policy mask reads the sampler's
             compute_entropy=True,
+            **self.sgrpo_support,  # top_k / top_p / min_p when they truncate: the log-probs of the sampled support
         )
         mode = "train" if self.model.training else "eval"
         if mode == "train":
