@@ -2,10 +2,13 @@
 
 `python -m benchmarks.profile_step --regime decisive --arm grpo_nokl` runs a short training run of the trainer
 (`python -m train`, in this process) with the study's regime and arm flags, and wraps the trainer's functions from
-the outside (no change to train/): the rollout engine's generate and weight sync, the policy forwards (with grad in
-the loss; forward-only for the reference, the KL-from-init probe and the mechanism measurement), every LM-head op call
-(`linear_logprobs`, also the one inside `sgrpo_loss`), counted and timed with the trainer function that made it, the
-LM head's own backward, the rest of the backward, gradient clipping, the optimizer step, the features' hooks.
+the outside (no change to train/; the targets are listed in `benchmarks.step_passes.install`): the rollout engine's
+generate and weight sync, the policy forwards (with grad in the loss, train/loss.py; forward-only for the reference,
+the KL-from-init probe and the mechanism measurement), every LM-head op call (`linear_logprobs`, also the one inside
+`sgrpo_loss`, sgrpo_kernels/rl/fused.py, whose log-probs also feed the sampler correction), counted and timed with
+the trainer function that made it, the LM head's own backward, the rest of the backward, gradient clipping, the
+optimizer step, the weight snapshots (trust region, mechanism), the features' hooks, advantages, the step record.
+A target that is not found is reported ("not wrapped"): its time then lands in its caller's row.
 
 Each wrapped call's time is split into its own ("self") time and the time of the wrapped calls inside it, so the rows
 of one step add up to the step. The first `--warmup` steps are left out. Every forward and LM-head call is also
@@ -19,6 +22,10 @@ checkpoints, the model export.
 
 Run the decisive regime with the vLLM environment's python (the study samples with vLLM):
   PYTHONPATH=$PWD /tmp/sgrpo-ci-venvs/vllm/bin/python -m benchmarks.profile_step --regime decisive --arm grpo_nokl
+
+The published benchmarks/results/step_profile_cpu.md was made at commit 7fda393 (train/update.py,
+train/mechanism.py); `install` still knows that layout, so this script at that commit's train/ reproduces it, with
+the same row labels.
 """
 
 from __future__ import annotations
@@ -128,7 +135,10 @@ def finish(args, raw: dict) -> dict:
         rc = 143 if summary.get("interrupted") else 0
     if rc and not (args.phases and rc in (130, 143)):
         raise SystemExit(f"the trainer exited with status {rc}")
-    from train.cli import parse_args
+    try:
+        from train.config.cli import parse_args
+    except ImportError:  # the layout of 7fda393
+        from train.cli import parse_args
 
     cfg, _ = parse_args(argv)
     result = {"regime": args.regime, "arm": None if args.phases else args.arm, "phases_mode": args.phases,

@@ -1,7 +1,12 @@
 """The wrappers of `benchmarks.profile_step`: the trainer's functions wrapped from outside, each call timed (its
 self time: its time less the wrapped calls inside it), labelled with its caller, and fingerprinted (weights and their
 version counters, the batch, the hidden states) so that a call computing what its step already computed is marked
-duplicate; and the per-step summary of the calls."""
+duplicate; and the per-step summary of the calls.
+
+`install` knows two layouts of train/: the current one (the loss in train/loss.py, the step in train/step.py, the
+optional features in train/features/) and the one of commit 7fda393 (train/update.py, train/mechanism.py), at which
+benchmarks/results/step_profile_cpu.md was made; it returns the targets it did not find, which a test keeps empty
+for the current layout (tests/test_bench_profile_step.py)."""
 
 from __future__ import annotations
 
@@ -69,8 +74,18 @@ class Profiler:
 P = Profiler()
 PHASES = {"on": False}  # --phases: time the whole job by phase (the steps as one phase)
 
-# The wrapped calls that say who makes the op calls and forwards inside them.
-CONTEXTS = {
+# The wrapped calls that say who makes the op calls and forwards inside them (the innermost one names the caller).
+CONTEXTS: dict[str, str] = {}
+CONTEXTS_NOW = {
+    "reference log-probs": "reference_logprobs (train/policy.py, via train/loss.py:loss_function)",
+    "KL-from-init probe": "kl_from_init (train/probe.py)",
+    "mechanism measure": "measure (train/features/mechanism.py)",
+    "sgrpo_loss (policy_loss math)": "sgrpo_loss (sgrpo_kernels/rl/fused.py, via train/loss.py:forward_loss)",
+    "gt_likelihood": "gt_likelihood (train/gt_likelihood.py, via train/features/dense_reward.py)",
+    "features: loss_inputs": "loss_inputs (train/features/: ppo_epochs.py's old log-probs)",
+}
+# The layout of 7fda393 (train/update.py, train/mechanism.py), at which benchmarks/results/step_profile_cpu.md was made
+CONTEXTS_7FDA393 = {
     "reference log-probs": "reference_logprobs (train/policy.py)",
     "KL-from-init probe": "kl_from_init (train/probe.py)",
     "mechanism measure": "measure (train/mechanism.py)",
@@ -101,6 +116,16 @@ def wrap(owner, name: str, make) -> bool:
     return True
 
 
+def uninstall() -> None:
+    """Puts every wrapped function back and forgets the calls recorded (for a test: the next `install` starts anew)."""
+    for (owner, name), fn in reversed(list(WRAPPED.items())):
+        setattr(owner, name, fn)
+    WRAPPED.clear()
+    CONTEXTS.clear()
+    P.__init__()
+    PHASES["on"] = False
+
+
 def plain(label: str, phase: bool = False):
     def make(fn):
         def wrapper(*args, **kwargs):
@@ -113,12 +138,13 @@ def plain(label: str, phase: bool = False):
 
 
 def op(name: str):
-    """An LM-head op call, labelled with its caller, fingerprinted by hidden states, weight (and version), targets."""
+    """An LM-head op call, labelled with its caller, fingerprinted by hidden states, weight (and version), targets,
+    temperature and the sampler's support."""
 
     def make(fn):
         def wrapper(hidden, weight, targets, *args, **kwargs):
             key = ("lm_head", tensor_key(hidden), weight.data_ptr(), weight._version, tensor_key(targets),
-                   kwargs.get("temperature"))  # fmt: skip
+                   *(kwargs.get(k) for k in ("temperature", "top_k", "top_p", "min_p")))  # fmt: skip
             grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
             call = P.fingerprint(f"LM head {name} <- {P.caller()}" + (" (fwd, grad)" if grad else " (fwd)"), key, grad)
             with P.timed(call["label"], call=call):
@@ -129,20 +155,24 @@ def op(name: str):
     return make
 
 
-def forward(kind: str):
-    """A decoder forward over a batch's completions: `kind` "loss" (PolicyHidden.forward) or "no grad"."""
+def forward(kind: str, where: str | None = None):
+    """A decoder forward: `kind` "loss" (PolicyHidden.forward(self, prompt ids/mask, completion ids/mask), the loss's,
+    made in `where`), "completions" (completion_hidden(model, batch, group_size): forward-only log-probs) or "text"
+    (policy_hidden(model, input_ids, attention_mask): the ground-truth likelihood's)."""
 
     def make(fn):
         def wrapper(*args, **kwargs):
-            if kind == "loss":  # PolicyHidden.forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            if kind == "loss":
                 model, ids = args[0].model, (args[1], args[3], args[4])
-            else:  # completion_hidden(model, batch, group_size)
+            elif kind == "completions":
                 model, batch = args[0], args[1]
                 ids = (batch.prompt_ids, batch.completion_ids, batch.completion_mask)
+            else:
+                model, ids = args[0], args[1:3]
             key = ("forward", id(model), weights_key(model), *(tensor_key(t) for t in ids))
             grad = torch.is_grad_enabled()
-            where = "policy_update (train/update.py:forward_loss)" if kind == "loss" else P.caller()
-            call = P.fingerprint(f"decoder forward <- {where}" + (" (grad)" if grad else " (no grad)"), key, grad)
+            call = P.fingerprint(f"decoder forward <- {where or P.caller()}" + (" (grad)" if grad else " (no grad)"),
+                                 key, grad)  # fmt: skip
             with P.timed(call["label"], call=call):
                 return fn(*args, **kwargs)
 
@@ -151,17 +181,21 @@ def forward(kind: str):
     return make
 
 
-def copy_of_weights(where: str):
-    """A copy of the trained weights (theta_old): two copies of the same weights and versions in one step are one
-    copy too many."""
+def copy_of_weights(where: str, method: bool = False):
+    """A copy of the trained weights (theta_old): `snapshot(params)`, or with `method` `rl.TrustRegion.snapshot(self)`
+    (its `params`). Two copies of the same weights and versions in one step are one copy too many."""
 
     def make(fn):
-        def wrapper(params, *args, **kwargs):
-            params = list(params)
+        def wrapper(*args, **kwargs):
+            if method:
+                params = args[0].params
+            else:  # (a generator is read once, here)
+                params = list(args[0])
+                args = (params, *args[1:])
             key = ("snapshot", tuple((p.data_ptr(), p._version) for p in params))
             call = P.fingerprint(f"copy of the trained weights (snapshot) <- {where}", key, False)
             with P.timed(call["label"], call=call):
-                return fn(params, *args, **kwargs)
+                return fn(*args, **kwargs)
 
         return wrapper
 
@@ -176,8 +210,14 @@ def backward_split(fn):
     return wrapper
 
 
+HOOKS = ("rescore", "after_rollout", "before_update", "loss_inputs", "after_backward", "before_optimizer_step",
+         "after_optimizer_step")  # fmt: skip
+
+
 def install(phases: bool) -> list[str]:
-    """Wraps the trainer from outside; returns the targets that were not found (the trainer moved them)."""
+    """Wraps the trainer from outside; returns the targets that were not found (the trainer moved them). Knows the
+    current layout of train/ (train/loss.py, train/step.py, train/features/) and the one of commit 7fda393
+    (train/update.py, train/mechanism.py), at which benchmarks/results/step_profile_cpu.md was made."""
     import importlib
 
     def mod(name):
@@ -186,8 +226,13 @@ def install(phases: bool) -> list[str]:
         except ImportError:
             return None
 
-    loop, step, update, policy, mech = (mod(f"train.{m}") for m in ("loop", "step", "update", "policy", "mechanism"))
-    setup = mod("train.setup")
+    old = mod("train.update")  # the layout of 7fda393; None: the current one
+    loop, step, policy, setup = (mod(f"train.{m}") for m in ("loop", "step", "policy", "setup"))
+    mech = mod("train.mechanism" if old else "train.features.mechanism")
+    loss = old or mod("train.loss")  # where the loss of a batch is made
+    tr = mod("train.features.trust_region")
+    CONTEXTS.clear()
+    CONTEXTS.update(CONTEXTS_7FDA393 if old else CONTEXTS_NOW)
     missing = []
 
     def w(owner, name, make):
@@ -199,14 +244,14 @@ def install(phases: bool) -> list[str]:
     w(setup, "make_engine", plain("rollout engine start", True))
     w(setup, "kl_probe", plain("KL probe set-up (sampling + log-probs)", True))
     w(loop, "setup", plain("setup (all of it)", True))
-    w(loop, "export_model", plain("model export", True))
+    w(loop, "export_model" if old else "export_finished", plain("model export", True))
     w(loop, "save", plain("checkpoint saves", True))
     w(loop, "heldout_eval", lambda fn: lambda cfg, run, st, label=None: _eval(fn, cfg, run, st, label))
     w(loop, "run_step", lambda fn: lambda cfg, run, state: _step(fn, cfg, run, state))
     w(loop, "kl_from_init", lambda fn: lambda *a, **k: _kl(fn, *a, **k))
     if phases:
         return missing
-    # passes of one step
+    # passes of one step: rollout, advantages, record, commit
     w(step, "roll", plain("rollout: tokenize, score (rest)"))
     w(mod("train.rollout"), "score", plain("rollout: rewards"))
     for cls_name in ("HFEngine", "VLLMEngine"):
@@ -216,27 +261,44 @@ def install(phases: bool) -> list[str]:
     w(step, "advantages", plain("advantages (prepare_groups)"))
     w(step, "step_record", plain("step record (train/record.py)"))
     w(loop, "commit", plain("commit"))
-    w(update, "snapshot", copy_of_weights("policy_update for --log-mechanism (train/update.py)"))
-    tr = mod("train.features.trust_region")
-    w(tr, "snapshot", copy_of_weights("TrustRegion.before_optimizer_step (train/features/trust_region.py)"))
-    w(tr, "project_step", plain("trust region: project_step (step norm, projection)"))
+    # weight snapshots, the trust region's projection, the mechanism's update norm
+    if old:
+        w(old, "snapshot", copy_of_weights("policy_update for --log-mechanism (train/update.py)"))
+        w(tr, "snapshot", copy_of_weights("TrustRegion.before_optimizer_step (train/features/trust_region.py)"))
+        w(tr, "project_step", plain("trust region: project_step (step norm, projection)"))
+    else:
+        w(mech, "snapshot", copy_of_weights("MechanismLog.before_update (train/features/mechanism.py)"))
+        region = getattr(mod("sgrpo_kernels.rl.trust_region"), "TrustRegion", None)
+        w(region, "snapshot", copy_of_weights("TrustRegion.before_optimizer_step (train/features/trust_region.py, "
+                                              "rl.TrustRegion.snapshot)", method=True))  # fmt: skip
+        w(region, "project", plain("trust region: rl.TrustRegion.project (step norm, projection)"))
+        guard = getattr(mod("train.features.step_guard"), "StepGuard", None)  # (at 7fda393: in the features' hooks)
+        w(guard, "take", plain("step guard: copy of the trained weights and Adam state (StepGuard.take)"))
+        w(guard, "non_finite", plain("step guard: non-finite check (StepGuard.non_finite)"))
     w(mech, "step_norm", plain("mechanism: update norm (step_norm)"))
-    w(update, "reference_logprobs", plain("reference log-probs"))
-    w(update, "head_logprobs", plain("sampler correction: head_logprobs"))
-    w(update, "sampler_correction", plain("sampler correction: mismatch, TIS"))
-    w(update, "measure", plain("mechanism measure"))
-    w(update, "sgrpo_loss", plain("sgrpo_loss (policy_loss math)"))
-    w(update, "optimizer_step", plain("optimizer step (AdamW + features)"))
-    w(getattr(policy, "PolicyHidden", None), "forward", forward("loss"))
-    w(policy, "completion_hidden", forward("no grad"))
-    for owner in (mech, policy, mod("train.gt_likelihood"), mod("sgrpo_kernels.rl.fused")):
+    # the loss: reference, sampler correction, the loss op; the mechanism's measurement; the optimizer step
+    w(loss, "reference_logprobs", plain("reference log-probs"))
+    if old:
+        w(old, "head_logprobs", plain("sampler correction: head_logprobs"))
+    w(loss, "sampler_correction", plain("sampler correction: mismatch, TIS"))
+    w(old or mech, "measure", plain("mechanism measure"))
+    w(loss, "sgrpo_loss", plain("sgrpo_loss (policy_loss math)"))
+    w(old or step, "optimizer_step", plain("optimizer step (AdamW + features)"))
+    w(mod("train.features.dense_reward"), "gt_likelihood", plain("gt_likelihood"))
+    # the forwards, every LM-head call (labelled with its caller), the backward, clipping
+    where = "policy_update (train/update.py:forward_loss)" if old else "loss_function (train/loss.py:forward_loss)"
+    w(getattr(policy, "PolicyHidden", None), "forward", forward("loss", where))
+    w(policy, "completion_hidden", forward("completions"))
+    gt = mod("train.gt_likelihood")
+    w(gt, "policy_hidden", forward("text"))
+    for owner in ((mech,) if old else ()) + (policy, gt, mod("sgrpo_kernels.rl.fused")):
         w(owner, "linear_logprobs", op("linear_logprobs"))
     w(mod("sgrpo_kernels.custom_ops"), "linear_logprobs_bwd", backward_split)
     w(torch.Tensor, "backward", plain("backward (decoder + loss math)"))
     w(torch.nn.utils, "clip_grad_norm_", plain("clip_grad_norm_"))
+    # the features' hooks (train/features/base.py)
     feats = getattr(mod("train.features.base"), "Features", None)
-    for hook in ("rescore", "after_rollout", "before_update", "loss_inputs", "after_backward",
-                 "before_optimizer_step", "after_optimizer_step"):  # fmt: skip
+    for hook in HOOKS + (() if old else ("after_update",)):
         w(feats, hook, plain(f"features: {hook}"))
     return missing
 
