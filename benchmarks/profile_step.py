@@ -23,9 +23,10 @@ checkpoints, the model export.
 Run the decisive regime with the vLLM environment's python (the study samples with vLLM):
   PYTHONPATH=$PWD /tmp/sgrpo-ci-venvs/vllm/bin/python -m benchmarks.profile_step --regime decisive --arm grpo_nokl
 
-The published benchmarks/results/step_profile_cpu.md was made at commit 7fda393 (train/update.py,
-train/mechanism.py); `install` still knows that layout, so this script at that commit's train/ reproduces it, with
-the same row labels.
+`--publish` writes benchmarks/results/step_profile_cpu.{md,json}. The earlier profile,
+benchmarks/results/step_profile_cpu_7fda393.md (before the first pass's second LM head was removed), was made at
+commit 7fda393 (train/update.py, train/mechanism.py); `install` still knows that layout, so this script at that
+commit's train/ reproduces it, with the same row labels.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ version counters, the batch, the hidden states) so that a call computing what it
 duplicate; and the per-step summary of the calls.
 
 `install` knows two layouts of train/: the current one (the loss in train/loss.py, the step in train/step.py, the
-optional features in train/features/) and the one of commit 7fda393 (train/update.py, train/mechanism.py), at which
-benchmarks/results/step_profile_cpu.md was made; it returns the targets it did not find, which a test keeps empty
-for the current layout (tests/test_bench_profile_step.py)."""
+optional features in train/features/) and the one of commit 7fda393 (train/update.py, train/mechanism.py), at
+which benchmarks/results/step_profile_cpu_7fda393.md was made; it returns the targets it did not find, which a test
+keeps empty for the current layout (tests/test_bench_profile_step.py)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ CONTEXTS_NOW = {
     "gt_likelihood": "gt_likelihood (train/gt_likelihood.py, via train/features/dense_reward.py)",
     "features: loss_inputs": "loss_inputs (train/features/: ppo_epochs.py's old log-probs)",
 }
-# The layout of 7fda393 (train/update.py, train/mechanism.py), at which benchmarks/results/step_profile_cpu.md was made
+# The layout of 7fda393 (train/update.py, train/mechanism.py): benchmarks/results/step_profile_cpu_7fda393.md
 CONTEXTS_7FDA393 = {
     "reference log-probs": "reference_logprobs (train/policy.py)",
     "KL-from-init probe": "kl_from_init (train/probe.py)",
@@ -217,7 +217,7 @@ HOOKS = ("rescore", "after_rollout", "before_update", "loss_inputs", "after_back
 def install(phases: bool) -> list[str]:
     """Wraps the trainer from outside; returns the targets that were not found (the trainer moved them). Knows the
     current layout of train/ (train/loss.py, train/step.py, train/features/) and the one of commit 7fda393
-    (train/update.py, train/mechanism.py), at which benchmarks/results/step_profile_cpu.md was made."""
+    (train/update.py, train/mechanism.py), at which benchmarks/results/step_profile_cpu_7fda393.md was made."""
     import importlib
 
     def mod(name):
