@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--publish", action="store_true", help="write benchmarks/results/sampler_bias_cpu.{json,md}")
     args = ap.parse_args(argv)
+    sha = git_sha()  # the code this run imports (read before the minutes of sampling)
 
     import vllm
 
@@ -101,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             trainer = torch.cat([trainer_logprobs(model, i, c, args.temperature, **kw) for i, c, _ in samples])
             rows.append({"top_p": top_p, "trainer log-probs": name, **ratio_stats(trainer, engine)})
             print(rows[-1], flush=True)
-    head = (f"Importance ratio trainer/vLLM: SmolLM2-135M, vLLM {vllm.__version__} (CPU, fp32), {cpu_name()}, "
-            f"{versions()}, git {git_sha()}; {args.prompts} prompts, <= {args.max_tokens} tokens, T={args.temperature}."
-            f"\n\n")
+    head = (f"Importance ratio trainer/vLLM: SmolLM2-135M-Instruct (Q4_1 GGUF de-quantized to fp32), vLLM "
+            f"{vllm.__version__} (CPU, fp32), {cpu_name()}, {versions()}, git {sha}; {args.prompts} prompts, <= "
+            f"{args.max_tokens} tokens, T={args.temperature}.\nCommand: `python -m benchmarks.bench_sampler_bias "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n")
     out = (RESULTS / "sampler_bias_cpu") if args.publish else scratch_dir() / "sampler_bias"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
