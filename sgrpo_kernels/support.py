@@ -13,14 +13,19 @@ ever see the resulting threshold vector. The rules, in vLLM's order (docs/ops.md
 
 How a threshold is found, per row (the passes recompute the tiles; only O(N * C) state is kept):
   1. one pass: the row max m, sum exp(z - m), the smallest finite z and a running top-C list of values (C = 64, or
-     k + 1 up to 1024 for top_k), merged tile by tile with torch.topk;
+     k + 1 up to 1024 for top_k; a tile's values above the list's last one are merged in with torch.topk); rows with
+     top_p alone also count the tokens (and their mass) in B = 256 bins of equal width over the range of the row's
+     first tile (values outside it in two end bins);
   2. every threshold that the top-C list decides (top_k with k <= C; top_p whose kept set lies inside the list; min_p
      is closed-form) is read off it: most rows of a trained model, no further pass;
-  3. the other rows (large k, flat distributions under top_p) run a B-way search on the value axis (B = 256 bins of
-     equal width between a lower bound and m): one pass counts the tokens (and their mass) per bin; the bin holding
-     the threshold is gathered exactly in one more pass when it holds <= G = 4096 tokens, else the search recurses into
-     it. Each recursion narrows the range by B (and a bin of equal values ends it), so the number of passes is bounded;
-     two passes (histogram + gather) is the common case.
+  3. a top_p-alone row the list does not decide (a flat distribution) reads the bin holding the threshold off the
+     histogram of step 1, and one more pass gathers that bin (when it holds <= G = 4096 tokens) and the largest value
+     of the bins below it: two passes in all;
+  4. the other rows (large k, top_p after a min_p / top_k cut, rows step 3 leaves: a bin too full, a first tile with
+     no finite value) run a B-way search on the value axis (B bins between a lower bound and m): one pass counts the
+     tokens (and their mass) per bin; the bin holding the threshold is gathered exactly in one more pass when it holds
+     <= G tokens, else the search recurses into it. Each recursion narrows the range by B (and a bin of equal values
+     ends it), so the number of passes is bounded; two passes (histogram + gather) is the common case.
 The threshold handed to the backends is the midpoint between the last kept value and the next value below it (the
 next value comes from the same list or bin, or one more pass), so a backend's own recomputation of the logits, which
 may round an ulp differently, keeps the same tokens. A row with nothing to cut gets -inf.
@@ -214,9 +219,13 @@ def _next_below(vals: Tensor, t: Tensor, complete: Tensor) -> tuple[Tensor, Tens
 
 def _bin_index(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
     """Bin of each value, a monotone map: 0 below lo, 1 .. BINS across [lo, hi) (BINS equal bins, up to rounding),
-    BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map."""
-    u = torch.addcmul((1.0 - lo * inv_w).unsqueeze(1), z, inv_w.unsqueeze(1))
-    return u.clamp_(0, BINS + 1).to(torch.int64)
+    BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map
+    (_gather_bin compares the same u with the bin's edges)."""
+    return _bin_u(z, lo, inv_w).clamp_(0, BINS + 1).to(torch.int64)
+
+
+def _bin_u(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
+    return torch.addcmul((1.0 - lo * inv_w).unsqueeze(1), z, inv_w.unsqueeze(1))
 
 
 def _histogram(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, m: Tensor | None):
@@ -319,9 +328,15 @@ def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: T
     fill = torch.zeros(n, device=lo.device, dtype=torch.int64)
     low = torch.full_like(lo, -math.inf) if under else None
 
+    # bin j of _bin_index is u in [j, j + 1) (bin 0: u < 1, bin BINS + 1: u >= BINS + 1): float compares of its u
+    edge = which.to(lo.dtype)
+    floor = torch.where(which == 0, -math.inf, edge).unsqueeze(1)
+    ceil = torch.where(which == BINS + 1, math.inf, edge + 1).unsqueeze(1)
+
     def fn(sl: slice, z: Tensor) -> None:
-        b = _bin_index(z, lo[sl], inv_w[sl])
-        hit = b == which[sl].unsqueeze(1)
+        u = _bin_u(z, lo[sl], inv_w[sl])
+        ge = u >= floor[sl]
+        hit = ge & (u < ceil[sl])
         rr, cc = torch.nonzero(hit, as_tuple=True)  # row-major: each row's hits in order
         per_row = hit.sum(1)
         first = torch.cumsum(per_row, 0) - per_row  # where each row's hits start in (rr, cc)
@@ -330,7 +345,7 @@ def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: T
         buf[sl][rr, pos] = z[rr, cc]
         fill[sl] += per_row
         if low is not None:
-            low[sl] = torch.maximum(low[sl], z.masked_fill(b >= which[sl].unsqueeze(1), -math.inf).amax(1))
+            low[sl] = torch.maximum(low[sl], z.masked_fill(ge, -math.inf).amax(1))
 
     srch.sweep(rows, fn)
     return buf[:, :cap].sort(1, descending=True).values, fill, low
