@@ -212,6 +212,23 @@ def test_ties_through_the_ops(dev_backend):
         _assert_all_close(got, want, ("logp", "entropy", "grad"), **_tol(backend))
 
 
+@pytest.mark.parametrize("kw", [dict(top_k=3), dict(top_p=0.5), dict(min_p=0.1, top_p=0.9)], ids=str)
+def test_masked_vocabulary_and_large_logits_through_the_ops(kw):
+    """fp32 logits up to ~150 (exp overflows before a row's first kept token is seen) and -inf columns, over several
+    vocab tiles (tiles with every token of a row cut): the torch backend zeroes the cut tokens' exp rather than
+    writing -inf into the tile; outputs and gradient as the float64 naive path's."""
+    g = torch.Generator().manual_seed(15)
+    n, v = 9, 700
+    x = torch.randn(n, v, generator=g) * 40
+    x[:, 300:340] = -math.inf
+    x[2, :600] = -math.inf
+    t = torch.randint(0, 300, (n,), generator=g)
+    gl, ge = torch.randn(n, generator=g, dtype=torch.float64), torch.randn(n, generator=g, dtype=torch.float64)
+    want = _run_logits(ref.logprobs_from_logits, x.double(), t, gl, ge, out_dtype=None, **kw)
+    got = _run_logits(sk.logprobs_from_logits, x, t, gl.float(), ge.float(), backend="torch", memory_budget=4096, **kw)
+    _assert_all_close(got, want, ("logp", "entropy", "grad"), atol=1e-4, rtol=1e-4)
+
+
 def test_target_outside_the_support_counts(dev_backend):
     """A target the filter would drop belongs to the support anyway (it was sampled): its logp is finite and the
     renormalization includes it."""
