@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, script_args, versions, write_csv
+from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, script_args, versions, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
 SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
@@ -256,16 +256,12 @@ def main(argv: list[str] | None = None) -> int:
                 "versions": versions(), "git_sha": git_sha(),
             })
 
-    out = output_stem(args)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out.with_suffix(".csv"), rows)
     cols = ["model", "N", "mode", "provider", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_ref",
             "mem_vs_ref"] + (["time_vs_trl"] if "trl" in PROVIDERS else [])
     header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
               f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
               f"Command: python -m benchmarks.bench_cpu {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")
-    out.with_suffix(".md").write_text(header + markdown_table(rows, cols) + "\n")
-    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.md')}")
+    write_tables(output_stem(args), rows, cols, header)
     return 0
 
 

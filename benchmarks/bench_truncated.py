@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.bench_cpu import _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
-from benchmarks.common import RESULTS, cpu_name, git_sha, markdown_table, quantiles, script_args, versions, write_csv
+from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, script_args, versions, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = "runs/bench/truncated"
@@ -175,15 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                 "mem_vs_full": round(mem[p] / max(mem["full"], 1e-9), 3),
                 "versions": versions(), "git_sha": git_sha(),
             })
-    out = RESULTS / "truncated_cpu" if args.publish else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out.with_suffix(".csv"), rows)
     cols = ["regime", "provider", "N", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_full", "mem_vs_full"]
     head = (f"Sampler-support benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
             f"git {rows[0]['git_sha']}, fp32, Qwen2.5-0.5B head (D={D}, V={V}), fwd+bwd, repeats={args.repeats}.\n"
             f"Command: python -m benchmarks.bench_truncated {' '.join(argv)}\n\n")
-    out.with_suffix(".md").write_text(head + markdown_table(rows, cols) + "\n")
-    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.md')}")
+    write_tables(RESULTS / "truncated_cpu" if args.publish else Path(args.out), rows, cols, head)
     return 0
 
 

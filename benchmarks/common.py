@@ -98,6 +98,14 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def write_tables(out: Path, rows: list[dict], columns: list[str], head: str) -> None:
+    """out.csv (every field) and out.md (`head`, then the table of `columns`); says where they went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(out.with_suffix(".csv"), rows)
+    out.with_suffix(".md").write_text(head + markdown_table(rows, columns) + "\n")
+    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.md')}")
+
+
 def parse_shape(ap: argparse.ArgumentParser, flag: str, item: str) -> tuple[int, int, int]:
     """'MxDxV' -> (M, D, V), three positive integers; otherwise an argparse error naming `flag`."""
     parts = item.lower().split("x")

@@ -13,14 +13,19 @@ ever see the resulting threshold vector. The rules, in vLLM's order (docs/ops.md
 
 How a threshold is found, per row (the passes recompute the tiles; only O(N * C) state is kept):
   1. one pass: the row max m, sum exp(z - m), the smallest finite z and a running top-C list of values (C = 64, or
-     k + 1 up to 1024 for top_k), merged tile by tile with torch.topk;
+     k + 1 up to 1024 for top_k; a tile's values above the list's last one are merged in with torch.topk); rows with
+     top_p alone also count the tokens (and their mass) in B = 256 bins of equal width over the range of the row's
+     first tile (values outside it in two end bins);
   2. every threshold that the top-C list decides (top_k with k <= C; top_p whose kept set lies inside the list; min_p
      is closed-form) is read off it: most rows of a trained model, no further pass;
-  3. the other rows (large k, flat distributions under top_p) run a B-way search on the value axis (B = 256 bins of
-     equal width between a lower bound and m): one pass counts the tokens (and their mass) per bin; the bin holding
-     the threshold is gathered exactly in one more pass when it holds <= G = 4096 tokens, else the search recurses into
-     it. Each recursion narrows the range by B (and a bin of equal values ends it), so the number of passes is bounded;
-     two passes (histogram + gather) is the common case.
+  3. a top_p-alone row the list does not decide (a flat distribution) reads the bin holding the threshold off the
+     histogram of step 1, and one more pass gathers that bin (when it holds <= G = 4096 tokens) and the largest value
+     of the bins below it: two passes in all;
+  4. the other rows (large k, top_p after a min_p / top_k cut, rows step 3 leaves: a bin too full, a first tile with
+     no finite value) run a B-way search on the value axis (B bins between a lower bound and m): one pass counts the
+     tokens (and their mass) per bin; the bin holding the threshold is gathered exactly in one more pass when it holds
+     <= G tokens, else the search recurses into it. Each recursion narrows the range by B (and a bin of equal values
+     ends it), so the number of passes is bounded; two passes (histogram + gather) is the common case.
 The threshold handed to the backends is the midpoint between the last kept value and the next value below it (the
 next value comes from the same list or bin, or one more pass), so a backend's own recomputation of the logits, which
 may round an ulp differently, keeps the same tokens. A row with nothing to cut gets -inf.
@@ -77,30 +82,36 @@ class _Search:
     def full(self, n: int, value: float) -> Tensor:
         return torch.full((n,), value, device=self.device, dtype=self.dtype)
 
-    # -- pass 1: row max, sum exp(z - m) (when `with_sum`), smallest finite value, top-C list
-    def first_pass(self, rows: Tensor, c: int, with_sum: bool = True):
+    # -- pass 1: row max, sum exp(z - m) (when `with_sum`), smallest finite value, top-C list, and (`with_hist`)
+    # the count and mass of the bins of _bin_index over each row's range in its first tile (see _from_first_pass)
+    def first_pass(self, rows: Tensor, c: int, with_sum: bool = True, with_hist: bool = False):
         n = rows.numel()
         m, s, zmin = self.full(n, -math.inf), self.full(n, 0.0), self.full(n, math.inf)
         tops: dict[int, Tensor] = {}  # row-block start -> its running top list
+        hist = _Hist(n, self.dtype, self.device) if with_hist else None
 
         def fn(sl: slice, z: Tensor) -> None:
             m_old = m[sl].clone()
             m_new = torch.maximum(m_old, z.amax(1))
             shift = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
             scale = torch.where(m_old == m_new, torch.ones_like(m_old), torch.exp(m_old - shift))
-            if with_sum:
-                s[sl] = s[sl] * scale + torch.exp(z - shift.unsqueeze(1)).sum(1)
-            m[sl] = m_new
             low = z.amin(1)
             if bool(torch.isinf(low).any()):  # -inf logits (masked vocabulary): the smallest finite one
                 low = torch.where(torch.isfinite(z), z, math.inf).amin(1)
+            first = sl.start not in tops
+            tops[sl.start] = _merge_top(tops.get(sl.start), z, c)
+            if with_sum:
+                e = torch.exp(z - shift.unsqueeze(1))
+                s[sl] = s[sl] * scale + e.sum(1)
+                if hist is not None:
+                    if first:  # a row block's first tile: its range (m_new: the tile's max)
+                        hist.set_range(sl, low, m_new)
+                    hist.add(sl, z, e, scale)
+            m[sl] = m_new
             zmin[sl] = torch.minimum(zmin[sl], low)
-            prev = tops.get(sl.start)
-            both = z if prev is None else torch.cat((prev, z), 1)
-            tops[sl.start] = torch.topk(both, min(c, both.shape[1]), dim=1).values
 
         self.sweep(rows, fn)
-        return m, s, zmin, torch.cat([tops[k] for k in sorted(tops)], 0)
+        return m, s, zmin, torch.cat([tops[k] for k in sorted(tops)], 0), hist
 
     def masked_sum(self, rows: Tensor, lo: Tensor, m: Tensor) -> Tensor:
         """sum over z >= lo of exp(z - m), per row."""
@@ -122,6 +133,57 @@ class _Search:
 
         self.sweep(rows, fn)
         return out
+
+
+def _merge_top(prev: Tensor | None, z: Tensor, c: int) -> Tensor:
+    """The c largest of prev (r, c), sorted descending, and the tile z (r, vc): a full torch.topk only while the list
+    fills or when many values enter; else just the values above the list's last (a value equal to it leaves the
+    multiset of the c largest as it is), which after the first tiles are a handful per row."""
+    if prev is None or prev.shape[1] < c:
+        both = z if prev is None else torch.cat((prev, z), 1)
+        return torch.topk(both, min(c, both.shape[1]), dim=1).values
+    rr, cc = torch.nonzero(z > prev[:, -1:], as_tuple=True)  # row-major: each row's newcomers in order
+    if rr.numel() == 0:
+        return prev
+    per_row = torch.bincount(rr, minlength=z.shape[0])
+    width = int(per_row.max())
+    if 4 * width > z.shape[1]:
+        return torch.topk(torch.cat((prev, z), 1), c, dim=1).values
+    rank = torch.arange(rr.numel(), device=rr.device) - (torch.cumsum(per_row, 0) - per_row)[rr]
+    new = torch.full((z.shape[0], width), -math.inf, device=z.device, dtype=z.dtype)
+    new[rr, rank] = z[rr, cc]
+    return torch.topk(torch.cat((prev, new), 1), c, dim=1).values
+
+
+class _Hist:
+    """Pass 1's histogram (top_p rows): per row, the count and the mass exp(z - m) of the bins of _bin_index over the
+    range [smallest finite, max] of the row's first tile (values outside it in the end bins 0 and BINS + 1). `ok`:
+    rows whose first tile gave a range (else lo = 0, inv_w = 1, a harmless map whose counts are not used)."""
+
+    def __init__(self, n: int, dtype: torch.dtype, device: torch.device):
+        self.lo, self.inv_w = torch.zeros(n, device=device, dtype=dtype), torch.ones(n, device=device, dtype=dtype)
+        self.ok = torch.zeros(n, device=device, dtype=torch.bool)
+        self.cnt = torch.zeros((n, BINS + 2), device=device, dtype=dtype)
+        self.mass = torch.zeros_like(self.cnt)
+
+    def set_range(self, sl: slice, low: Tensor, high: Tensor) -> None:
+        inv_w = BINS / (high - low)
+        ok = torch.isfinite(low) & (high > low) & torch.isfinite(inv_w) & (inv_w > 0)
+        self.ok[sl] = ok
+        self.lo[sl] = torch.where(ok, low, torch.zeros_like(low))
+        self.inv_w[sl] = torch.where(ok, inv_w, torch.ones_like(inv_w))
+
+    def take(self, idx: Tensor) -> _Hist:
+        out = _Hist.__new__(_Hist)
+        out.lo, out.inv_w, out.ok, out.cnt, out.mass = (x[idx] for x in (self.lo, self.inv_w, self.ok, self.cnt,
+                                                                        self.mass))
+        return out
+
+    def add(self, sl: slice, z: Tensor, e: Tensor, scale: Tensor) -> None:
+        """z (r, vc) and e = exp(z - the running max); `scale` rescales the mass so far to that max, as the sum's."""
+        b = _bin_index(z, self.lo[sl], self.inv_w[sl])
+        self.cnt[sl].scatter_add_(1, b, torch.ones_like(z))
+        self.mass[sl].mul_(scale.unsqueeze(1)).scatter_add_(1, b, e)
 
 
 # ------------------------------------------------------------------------------------------ reading a sorted list
@@ -157,9 +219,13 @@ def _next_below(vals: Tensor, t: Tensor, complete: Tensor) -> tuple[Tensor, Tens
 
 def _bin_index(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
     """Bin of each value, a monotone map: 0 below lo, 1 .. BINS across [lo, hi) (BINS equal bins, up to rounding),
-    BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map."""
-    u = torch.addcmul((1.0 - lo * inv_w).unsqueeze(1), z, inv_w.unsqueeze(1))
-    return u.clamp_(0, BINS + 1).to(torch.int64)
+    BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map
+    (_gather_bin compares the same u with the bin's edges)."""
+    return _bin_u(z, lo, inv_w).clamp_(0, BINS + 1).to(torch.int64)
+
+
+def _bin_u(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
+    return torch.addcmul((1.0 - lo * inv_w).unsqueeze(1), z, inv_w.unsqueeze(1))
 
 
 def _histogram(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, m: Tensor | None):
@@ -211,7 +277,7 @@ def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tenso
         if bool(gather.any()):
             g = torch.nonzero(gather).squeeze(1)
             base = f[g].gather(1, j[g].unsqueeze(1)).squeeze(1)  # F(values in bins above j)
-            cands = _gather_bin(srch, r[g], a[g], inv_w[g], j[g])
+            cands = _gather_bin(srch, r[g], a[g], inv_w[g], j[g])[0]
             v, found = _resolve_sorted(cands, torch.full_like(base, -math.inf), tg[g], None if mr is None else mr[g],
                                        base)
             val[g] = torch.where(found, v, b_lo[g])  # (not found: rounding between the two passes' sums)
@@ -228,14 +294,49 @@ def _quantile(srch: _Search, rows: Tensor, lo: Tensor, hi: Tensor, target: Tenso
     raise RuntimeError(f"sampler support search did not converge in {MAX_PASSES} passes")
 
 
-def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: Tensor) -> Tensor:
-    """The values of bin `which` of each row, sorted descending, padded with -inf: (r, cap)."""
+def _from_first_pass(srch: _Search, rows: Tensor, hist: _Hist, target: Tensor, m: Tensor
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_quantile(lo = the smallest value, mass) from pass 1's histogram: one gather pass, of the bin holding the
+    threshold, which also gives the largest value of the bins below it. -> (v, the largest value below v, whether
+    that one is known, done); not done (the threshold's bin too full, or the gather disagreeing with the histogram's
+    count or sums): run _quantile."""
+    f = hist.mass.flip(1).cumsum(1).flip(1)  # f[:, j] = F(values in bins >= j), every value counted (bin 0 too)
+    j = (f >= target.unsqueeze(1)).sum(1) - 1  # the bin holding the threshold (-1: F(all) < target, rounding)
+    jj = j.clamp(min=0).unsqueeze(1)
+    cnt = hist.cnt.gather(1, jj).squeeze(1)
+    v, nxt = torch.full_like(target, -math.inf), torch.full_like(target, -math.inf)
+    known, done = torch.zeros_like(hist.ok), hist.ok & (j >= 0) & (cnt <= _gather_cap(srch.vocab))
+    if not bool(done.any()):
+        return v, nxt, known, done
+    g = torch.nonzero(done).squeeze(1)
+    base = torch.cat((f, torch.zeros_like(f[:, :1])), 1)[g].gather(1, jj[g] + 1).squeeze(1)  # F(bins above j)
+    cands, fill, low = _gather_bin(srch, rows[g], hist.lo[g], hist.inv_w[g], j[g], under=True)
+    val, found = _resolve_sorted(cands, torch.full_like(base, -math.inf), target[g], m[g], base)
+    under, _ = _next_below(cands, val, torch.zeros_like(found))
+    v[g], nxt[g] = val, torch.maximum(under, low)
+    known[g] = nxt[g] < val
+    done[g] = found & (fill.to(cnt.dtype) == cnt[g])
+    return v, nxt, known, done
+
+
+def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: Tensor, under: bool = False
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The values of bin `which` of each row, sorted descending, padded with -inf: (r, cap); how many the bin holds;
+    with `under`, the largest value of the bins below it (-inf when none)."""
     n, cap = rows.numel(), _gather_cap(srch.vocab)
     buf = torch.full((n, cap + 1), -math.inf, device=lo.device, dtype=lo.dtype)  # the last column: overflow
     fill = torch.zeros(n, device=lo.device, dtype=torch.int64)
+    low = torch.full_like(lo, -math.inf) if under else None
+
+    # bin j of _bin_index is u in [j, j + 1) (bin 0: u < 1, bin BINS + 1: u >= BINS + 1): float compares of its u
+    edge = which.to(lo.dtype)
+    floor = torch.where(which == 0, -math.inf, edge).unsqueeze(1)
+    ceil = torch.where(which == BINS + 1, math.inf, edge + 1).unsqueeze(1)
 
     def fn(sl: slice, z: Tensor) -> None:
-        hit = _bin_index(z, lo[sl], inv_w[sl]) == which[sl].unsqueeze(1)
+        u = _bin_u(z, lo[sl], inv_w[sl])
+        ge = u >= floor[sl]
+        hit = ge & (u < ceil[sl])
         rr, cc = torch.nonzero(hit, as_tuple=True)  # row-major: each row's hits in order
         per_row = hit.sum(1)
         first = torch.cumsum(per_row, 0) - per_row  # where each row's hits start in (rr, cc)
@@ -243,9 +344,11 @@ def _gather_bin(srch: _Search, rows: Tensor, lo: Tensor, inv_w: Tensor, which: T
         pos = (fill[sl][rr] + rank).clamp_(max=cap)
         buf[sl][rr, pos] = z[rr, cc]
         fill[sl] += per_row
+        if low is not None:
+            low[sl] = torch.maximum(low[sl], z.masked_fill(ge, -math.inf).amax(1))
 
     srch.sweep(rows, fn)
-    return buf[:, :cap].sort(1, descending=True).values
+    return buf[:, :cap].sort(1, descending=True).values, fill, low
 
 
 def _gather_cap(vocab: int) -> int:
@@ -272,7 +375,8 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
     hk, hp, hm = has_k[rows], has_p[rows], has_m[rows]
     kmax = int(torch.where(hk, k, 0).max())
     c = min(vocab, max(TOP_C, min(kmax + 1, MAX_C)))
-    m, s, zmin, top = srch.first_pass(rows, c, with_sum=bool(hp.any()))
+    # pass 1 keeps a histogram when some row has top_p alone: most such rows need no more than one gather pass
+    m, s, zmin, top, hist = srch.first_pass(rows, c, with_sum=bool(hp.any()), with_hist=bool((hp & ~hk & ~hm).any()))
     complete = torch.full_like(hk, vocab <= c)
     ninf = torch.full_like(m, -math.inf)
 
@@ -302,6 +406,13 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
         val, found = _resolve_sorted(top, t2, target, m, torch.zeros_like(m))
         tp = torch.where(hp & (found | inside), val, tp)
         miss = hp & ~(found | inside)
+        if hist is not None and bool((miss & (t2 == -math.inf)).any()):  # every value counts: pass 1's histogram
+            g = torch.nonzero(miss & (t2 == -math.inf)).squeeze(1)
+            v, nx, kn, done = _from_first_pass(srch, rows[g], hist.take(g), target[g], m[g])
+            g, v, nx, kn = g[done], v[done], nx[done], kn[done]
+            tp[g] = v
+            found_next.append((g, v, nx, kn))
+            miss[g] = False
         if bool(miss.any()):
             g = torch.nonzero(miss).squeeze(1)
             tp[g], nx, kn = _quantile(srch, rows[g], torch.maximum(t2[g], zmin[g]), m[g], target[g], m[g])

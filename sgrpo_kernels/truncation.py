@@ -79,14 +79,6 @@ def applies_threshold(backend: str) -> bool:
     return bool(getattr(get(backend), CAPABILITY, False))
 
 
-def _noop_ignored(targets: Tensor, ignore_index: int, k: Tensor, p: Tensor, mp: Tensor, vocab: int):
-    """The per-row values checked (here, where torch.compile does not trace the host sync), then the no-op values on
-    ignored rows."""
-    check_sampler_values(k, p, mp)
-    ign = targets == ignore_index
-    return k.masked_fill(ign, vocab), p.masked_fill(ign, 1.0), mp.masked_fill(ign, 0.0)
-
-
 # ------------------------------------------------------------------------------------------------ the custom ops
 
 
@@ -102,33 +94,43 @@ class _Buffer:
             self.flat = self.ref.new_empty((r * c,), dtype=self.dtype)
         return self.flat[: r * c].view(r, c)
 
+
 _KPM = "Tensor top_k, Tensor top_p, Tensor min_p"
+
+
+def _search(call: tuple, ref: Tensor, vocab: int, fill, targets: Tensor, k: Tensor, p: Tensor, mp: Tensor) -> Tensor:
+    """The threshold ops' common part: the per-row values checked (here, where torch.compile does not trace the host
+    sync), the no-op values put on ignored rows, then the search (sgrpo_kernels.support) over tiles z = fill(buffer,
+    rows, v0, v1, compute dtype, opts) / temperature, in one reused buffer."""
+    opts = Call.unpack(call).opts
+    cdt = stats_dtype(ref.dtype)
+    buf = _Buffer(ref, cdt)
+
+    def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
+        x = fill(buf.view(rows.numel(), v1 - v0), rows, v0, v1, cdt, opts)
+        return x.div_(opts.temperature) if opts.temperature != 1.0 else x
+
+    check_sampler_values(k, p, mp)
+    ign = targets == opts.ignore_index
+    k, p, mp = k.masked_fill(ign, vocab), p.masked_fill(ign, 1.0), mp.masked_fill(ign, 0.0)
+    return find_thresholds(tile, targets.shape[0], vocab, k, p, mp, dtype=cdt, device=targets.device,
+                           memory_budget=opts.memory_budget)
 
 
 @custom_op("linear_support_threshold", f"Tensor hidden, Tensor weight, Tensor targets, Tensor? bias, {_KPM}", "Tensor")
 def linear_support_threshold(hidden, weight, targets, bias, top_k, top_p, min_p, *call: object) -> Tensor:
     """(N, D), (V, D), (N,), (V,) | None, per-row settings (N,) -> the threshold (N,) of z = head(h W^T + b) / T, in
     the statistics dtype (-inf: keep all)."""
-    opts = Call.unpack(call).opts
-    cdt = stats_dtype(hidden.dtype)
-    vocab = weight.shape[0]
 
-    buf = _Buffer(hidden, cdt)
-
-    def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
-        x = buf.view(rows.numel(), v1 - v0)
+    def head(x: Tensor, rows: Tensor, v0: int, v1: int, cdt: torch.dtype, opts) -> Tensor:
         h = hidden.index_select(0, rows).to(cdt)
         if bias is not None:
             torch.addmm(bias[v0:v1].to(cdt), h, weight[v0:v1].to(cdt).T, out=x)
         else:
             torch.mm(h, weight[v0:v1].to(cdt).T, out=x)
-        if opts.softcap:
-            x.mul_(opts.logit_scale / opts.softcap).tanh_().mul_(opts.softcap)
-        return x.div_(opts.temperature) if opts.temperature != 1.0 else x
+        return x.mul_(opts.logit_scale / opts.softcap).tanh_().mul_(opts.softcap) if opts.softcap else x
 
-    k, p, mp = _noop_ignored(targets, opts.ignore_index, top_k, top_p, min_p, vocab)
-    return find_thresholds(tile, hidden.shape[0], vocab, k, p, mp, dtype=cdt, device=hidden.device,
-                           memory_budget=opts.memory_budget)
+    return _search(call, hidden, weight.shape[0], head, targets, top_k, top_p, min_p)
 
 
 @linear_support_threshold.register_fake
@@ -139,20 +141,11 @@ def _(hidden, weight, targets, bias, top_k, top_p, min_p, *call):
 @custom_op("logits_support_threshold", f"Tensor logits, Tensor targets, {_KPM}", "Tensor")
 def logits_support_threshold(logits, targets, top_k, top_p, min_p, *call: object) -> Tensor:
     """(N, V), (N,), per-row settings (N,) -> the threshold (N,) of z = logits / T in the statistics dtype."""
-    opts = Call.unpack(call).opts
-    cdt = stats_dtype(logits.dtype)
-    vocab = logits.shape[1]
 
-    buf = _Buffer(logits, cdt)
+    def copy(x: Tensor, rows: Tensor, v0: int, v1: int, cdt: torch.dtype, opts) -> Tensor:
+        return x.copy_(logits[:, v0:v1].index_select(0, rows))
 
-    def tile(rows: Tensor, v0: int, v1: int) -> Tensor:
-        z = buf.view(rows.numel(), v1 - v0)
-        z.copy_(logits[:, v0:v1].index_select(0, rows))
-        return z.div_(opts.temperature) if opts.temperature != 1.0 else z
-
-    k, p, mp = _noop_ignored(targets, opts.ignore_index, top_k, top_p, min_p, vocab)
-    return find_thresholds(tile, logits.shape[0], vocab, k, p, mp, dtype=cdt, device=logits.device,
-                           memory_budget=opts.memory_budget)
+    return _search(call, logits, logits.shape[1], copy, targets, top_k, top_p, min_p)
 
 
 @logits_support_threshold.register_fake

@@ -11,9 +11,11 @@ stats = [m; log s] for the backward, which recomputes each tile and applies (doc
 after dropping rows whose two upstream gradients are zero (and ignored rows) before any matrix product.
 -inf logits (masked vocabulary, -inf bias) are allowed: they get p = 0 and contribute 0, never NaN.
 Tile buffers are allocated once per call and reused, so large tiles do not pay fresh page faults every step.
-The sampler's support (`threshold=`, contract): each logits tile, once divided by the temperature, gets -inf where
-z < threshold of its row, except at the row's target; the statistics and the backward then see the truncated
-distribution (-inf logits are handled as above), so the support is held fixed in the backward.
+The sampler's support (`threshold=`, contract): in each logits tile, once divided by the temperature, the tokens with
+z < threshold of their row, except the row's target, are cut: the running max skips them and their exp(z - m) and
+gradient are zeroed, exactly as if they were -inf logits (the tile is not filled with -inf: CPU exp takes a slow path
+on -inf and on the floor of log p); the statistics and the backward see the truncated distribution, and the support
+is held fixed in the backward.
 """
 
 from __future__ import annotations
@@ -79,16 +81,17 @@ def _logits_tile(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, opts:
     return out
 
 
-def _truncate_(z: torch.Tensor, threshold: torch.Tensor | None, targets: torch.Tensor, v0: int) -> torch.Tensor:
-    """In place: z (rows, vc) of vocab columns [v0, v0 + vc) -> -inf where z < threshold (rows,), except at the
-    target. No-op without a threshold."""
+def _cut(z: torch.Tensor, threshold: torch.Tensor | None, targets: torch.Tensor, v0: int) -> torch.Tensor | None:
+    """(rows, vc) bool for z of vocab columns [v0, v0 + vc): z < threshold (rows,), except at the target; None without
+    a threshold. The tile keeps its values: the callers zero exp(z - m) there, which is the same as writing -inf into
+    z, without handing exp the -inf (or the floor of log p) that sends CPU exp to its slow path."""
     if threshold is None:
-        return z
+        return None
     cut = z < threshold.unsqueeze(1)
     local = targets - v0
     rows = torch.nonzero((local >= 0) & (local < z.shape[1])).squeeze(1)
     cut[rows, local[rows]] = False
-    return z.masked_fill_(cut, float("-inf"))
+    return cut
 
 
 def _softcap_slope_(z: torch.Tensor, opts: Options) -> torch.Tensor:
@@ -106,8 +109,9 @@ class _OnlineStats:
         self.zy = torch.zeros(n, device=device, dtype=dtype)
 
     def update(self, rows: slice, z: torch.Tensor, targets: torch.Tensor, v0: int, with_entropy: bool,
-               e: torch.Tensor) -> None:
-        """Fold tile z (rows, vc) covering vocab columns [v0, v0 + vc) into the statistics of `rows`.
+               e: torch.Tensor, threshold: torch.Tensor | None = None) -> None:
+        """Fold tile z (rows, vc) covering vocab columns [v0, v0 + vc) into the statistics of `rows`, as if z were -inf
+        where the sampler's support cuts it (see _cut; `threshold` (rows,) or None).
 
         Consumes z; `e` is a same-shape scratch buffer.
         """
@@ -118,12 +122,18 @@ class _OnlineStats:
         self.zy[rows] = torch.where(hit, zy, self.zy[rows])
 
         m_old = self.m[rows]
-        m_new = torch.maximum(m_old, z.amax(dim=1))
+        top = z.amax(dim=1)
+        cut = _cut(z, threshold, targets, v0)
+        if cut is not None:  # the max of the kept values: the tile's max unless it is cut, then the target's or -inf
+            top = torch.where(top >= threshold, top, torch.where(hit, zy, float("-inf")))
+        m_new = torch.maximum(m_old, top)
         # equal maxima (including both -inf: nothing finite seen yet) keep the old sums as they are
         same = m_old == m_new
         scale = torch.where(same, torch.ones_like(m_old), torch.exp(m_old - m_new))
         z.sub_(torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)).unsqueeze(1))  # z - m_new
         torch.exp(z, out=e)
+        if cut is not None:
+            e.masked_fill_(cut, 0.0)  # (e * z there: 0, not the nan of -inf * 0 that nansum drops: the same sum)
         s_old = self.s[rows]  # a view: read it before s is written
         if with_entropy:
             # u_new = exp(m_old - m_new) * (u_old + s_old * (m_old - m_new)) + sum e * (z - m_new);
@@ -251,8 +261,8 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, threshold=
         b = bias[v0:v1].to(cdt) if bias is not None else None
         for r0, r1 in _spans(na, rows_per_tile):
             z = _logits_tile(h[r0:r1], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
-            _truncate_(z, thr[r0:r1] if thr is not None else None, t[r0:r1], v0)
-            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0),
+                         thr[r0:r1] if thr is not None else None)
     logp, row_stats, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, row_stats, entropy, idx, n, opts)
 
@@ -295,11 +305,13 @@ def linear_logprobs_bwd(grad_logp, grad_entropy, hidden, weight, targets, bias, 
         for r0, r1 in _spans(na, rows_per_tile):
             sl = slice(r0, r1)
             z = _logits_tile(h[sl], w, b, opts, tiles.view(0, r1 - r0, v1 - v0))
-            _truncate_(z, thr[sl] if thr is not None else None, t[sl], v0)
+            cut = _cut(z, thr[sl] if thr is not None else None, t[sl], v0)
             dz = _grad_tile_(
                 z, tiles.view(1, r1 - r0, v1 - v0), t[sl], v0, st[:, sl], ent[sl] if ent is not None else None, gl[sl],
                 ge[sl] if ge is not None else None, opts.temperature,
             )
+            if cut is not None:
+                dz.masked_fill_(cut, 0.0)
             if opts.softcap:  # chain rule through the cap: the tile again (one more matmul), as its slope
                 dz.mul_(_softcap_slope_(_logits_tile(h[sl], w, b, opts, tiles.view(0, r1 - r0, v1 - v0)), opts))
             if need_h:
@@ -333,8 +345,8 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options, threshold=None):
             z = tiles.view(0, r1 - r0, v1 - v0).copy_(src[:, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
-            _truncate_(z, thr[r0:r1] if thr is not None else None, t[r0:r1], v0)
-            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0))
+            stats.update(slice(r0, r1), z, t[r0:r1], v0, opts.return_entropy, tiles.view(1, r1 - r0, v1 - v0),
+                         thr[r0:r1] if thr is not None else None)
     logp, row_stats, entropy = stats.finalize(opts.return_entropy)
     return _outputs(logp, row_stats, entropy, idx, n, opts)
 
@@ -365,7 +377,9 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
             z = tiles.view(0, r1 - r0, v1 - v0).copy_(logits[ri, v0:v1])
             if opts.temperature != 1.0:
                 z.div_(opts.temperature)
-            _truncate_(z, th, t, v0)
+            cut = _cut(z, th, t, v0)
             dz = _grad_tile_(z, tiles.view(1, r1 - r0, v1 - v0), t, v0, st, ent, gl, ge, opts.temperature)
+            if cut is not None:
+                dz.masked_fill_(cut, 0.0)
             out[ri, v0:v1] = dz.to(out.dtype)
     return out
