@@ -28,11 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, script_args, versions, write_tables
+from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, spawn_worker, versions, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
 SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
@@ -171,11 +170,7 @@ def _worker_time(D: int, V: int, N: int, mode: str, repeats: int, warmup: int) -
 
 
 def _spawn(*args) -> dict:
-    cmd = [sys.executable, *script_args("bench_cpu"), "--_worker", json.dumps(list(args))]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if res.returncode != 0:
-        raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return spawn_worker("bench_cpu", ROOT, *args)
 
 
 def _agree(a: dict, b: dict) -> bool:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from benchmarks.bench_cpu import _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, script_args, versions, write_tables
+from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, spawn_worker, versions, write_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = "runs/bench/truncated"
@@ -130,11 +129,7 @@ def _worker(regime: str, N: int, providers: list[str], repeats: int, warmup: int
 
 
 def _spawn(*args) -> dict:
-    cmd = [sys.executable, *script_args("bench_truncated"), "--_worker", json.dumps(list(args))]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if res.returncode != 0:
-        raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return spawn_worker("bench_truncated", ROOT, *args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,18 @@ def script_args(module: str) -> list[str]:
     return ["-m", "sgrpo_bench.cli", next(key for key, (mod, _) in SCRIPTS.items() if mod == module)]
 
 
+def spawn_worker(module: str, cwd: Path, *args) -> dict:
+    """One measurement of benchmark script `module` in a fresh process (its `--_worker` entry, `args` as JSON), run
+    from `cwd`; -> the JSON the worker prints last."""
+    import json
+
+    cmd = [sys.executable, *script_args(module), "--_worker", json.dumps(list(args))]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if res.returncode != 0:
+        raise RuntimeError(f"benchmark worker {args} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def scratch_dir() -> Path:
     """Where results go without --publish: runs/bench/ in the repository (git-ignored), or in the current directory
     when installed (never inside site-packages)."""

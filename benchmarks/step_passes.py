@@ -251,40 +251,41 @@ def install(phases: bool) -> list[str]:
     w(loop, "kl_from_init", lambda fn: lambda *a, **k: _kl(fn, *a, **k))
     if phases:
         return missing
-    # passes of one step: rollout, advantages, record, commit
-    w(step, "roll", plain("rollout: tokenize, score (rest)"))
-    w(mod("train.rollout"), "score", plain("rollout: rewards"))
-    for cls_name in ("HFEngine", "VLLMEngine"):
-        cls = getattr(mod(f"train.engines.{'hf' if cls_name == 'HFEngine' else 'vllm'}"), cls_name, None)
-        w(cls, "generate", plain(f"rollout: {cls_name}.generate"))
-        w(cls, "sync", plain(f"weight sync: {cls_name}.sync"))
-    w(step, "advantages", plain("advantages (prepare_groups)"))
-    w(step, "step_record", plain("step record (train/record.py)"))
-    w(loop, "commit", plain("commit"))
-    # weight snapshots, the trust region's projection, the mechanism's update norm
+    # passes of one step, timed as they are: (owner, function, label), in the order of a step
+    hf, vllm = (getattr(mod(f"train.engines.{m}"), c, None) for m, c in (("hf", "HFEngine"), ("vllm", "VLLMEngine")))
+    region = None if old else getattr(mod("sgrpo_kernels.rl.trust_region"), "TrustRegion", None)
+    guard = None if old else getattr(mod("train.features.step_guard"), "StepGuard", None)  # (7fda393: in the hooks)
+    timed = [
+        (step, "roll", "rollout: tokenize, score (rest)"), (mod("train.rollout"), "score", "rollout: rewards"),
+        (hf, "generate", "rollout: HFEngine.generate"), (hf, "sync", "weight sync: HFEngine.sync"),
+        (vllm, "generate", "rollout: VLLMEngine.generate"), (vllm, "sync", "weight sync: VLLMEngine.sync"),
+        (step, "advantages", "advantages (prepare_groups)"), (step, "step_record", "step record (train/record.py)"),
+        (loop, "commit", "commit"),
+    ]
+    if old:  # the trust region's projection
+        timed.append((tr, "project_step", "trust region: project_step (step norm, projection)"))
+    else:  # the trust region's projection, the step guard's copy and check
+        timed += [(region, "project", "trust region: rl.TrustRegion.project (step norm, projection)"),
+                  (guard, "take", "step guard: copy of the trained weights and Adam state (StepGuard.take)"),
+                  (guard, "non_finite", "step guard: non-finite check (StepGuard.non_finite)")]  # fmt: skip
+    timed += [(mech, "step_norm", "mechanism: update norm (step_norm)"),
+              (loss, "reference_logprobs", "reference log-probs")]  # fmt: skip
+    if old:
+        timed.append((old, "head_logprobs", "sampler correction: head_logprobs"))
+    timed += [(loss, "sampler_correction", "sampler correction: mismatch, TIS"),
+              (old or mech, "measure", "mechanism measure"), (loss, "sgrpo_loss", "sgrpo_loss (policy_loss math)"),
+              (old or step, "optimizer_step", "optimizer step (AdamW + features)"),
+              (mod("train.features.dense_reward"), "gt_likelihood", "gt_likelihood")]  # fmt: skip
+    for owner, name, label in timed:
+        w(owner, name, plain(label))
+    # the weight snapshots (fingerprinted: a second copy of the same weights is flagged)
     if old:
         w(old, "snapshot", copy_of_weights("policy_update for --log-mechanism (train/update.py)"))
         w(tr, "snapshot", copy_of_weights("TrustRegion.before_optimizer_step (train/features/trust_region.py)"))
-        w(tr, "project_step", plain("trust region: project_step (step norm, projection)"))
     else:
         w(mech, "snapshot", copy_of_weights("MechanismLog.before_update (train/features/mechanism.py)"))
-        region = getattr(mod("sgrpo_kernels.rl.trust_region"), "TrustRegion", None)
         w(region, "snapshot", copy_of_weights("TrustRegion.before_optimizer_step (train/features/trust_region.py, "
                                               "rl.TrustRegion.snapshot)", method=True))  # fmt: skip
-        w(region, "project", plain("trust region: rl.TrustRegion.project (step norm, projection)"))
-        guard = getattr(mod("train.features.step_guard"), "StepGuard", None)  # (at 7fda393: in the features' hooks)
-        w(guard, "take", plain("step guard: copy of the trained weights and Adam state (StepGuard.take)"))
-        w(guard, "non_finite", plain("step guard: non-finite check (StepGuard.non_finite)"))
-    w(mech, "step_norm", plain("mechanism: update norm (step_norm)"))
-    # the loss: reference, sampler correction, the loss op; the mechanism's measurement; the optimizer step
-    w(loss, "reference_logprobs", plain("reference log-probs"))
-    if old:
-        w(old, "head_logprobs", plain("sampler correction: head_logprobs"))
-    w(loss, "sampler_correction", plain("sampler correction: mismatch, TIS"))
-    w(old or mech, "measure", plain("mechanism measure"))
-    w(loss, "sgrpo_loss", plain("sgrpo_loss (policy_loss math)"))
-    w(old or step, "optimizer_step", plain("optimizer step (AdamW + features)"))
-    w(mod("train.features.dense_reward"), "gt_likelihood", plain("gt_likelihood"))
     # the forwards, every LM-head call (labelled with its caller), the backward, clipping
     where = "policy_update (train/update.py:forward_loss)" if old else "loss_function (train/loss.py:forward_loss)"
     w(getattr(policy, "PolicyHidden", None), "forward", forward("loss", where))
