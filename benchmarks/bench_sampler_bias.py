@@ -65,9 +65,11 @@ def trainer_logprobs(model, ids: list[int], completion: list[int], temperature: 
 
 
 def ratio_stats(trainer: torch.Tensor, engine: torch.Tensor) -> dict:
-    r = torch.exp(trainer.double() - engine.double())
-    return {"tokens": r.numel(), "ratio_mean": round(float(r.mean()), 4),
-            "frac_outside_0.9_1.1": round(float(((r < 0.9) | (r > 1.1)).double().mean()), 4),
+    """The trainer's step-record measure (train.loss.ratio_stats) over every sampled token, and the largest gap."""
+    from train.loss import ratio_stats as record_stats
+
+    mean, outside = record_stats(trainer, engine, torch.ones_like(trainer, dtype=torch.bool))
+    return {"tokens": trainer.numel(), "ratio_mean": round(mean, 4), "frac_outside_0.9_1.1": round(outside, 4),
             "max_abs_logp_diff": round(float((trainer.double() - engine.double()).abs().max()), 4)}
 
 

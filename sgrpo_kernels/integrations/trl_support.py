@@ -114,6 +114,7 @@ def support_logps(
     0 where the attention mask is 0 (as TRL's fused head). `batch_size` rows per forward, as TRL chunks."""
     n = input_ids.size(0)
     step = batch_size or n
+    head = lm_head(model)
     logps, entropies = [], []
     for start in range(0, n, step):
         ids, att = input_ids[start : start + step], attention_mask[start : start + step]
@@ -121,7 +122,6 @@ def support_logps(
             out = model(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1,
                         use_cache=False)  # fmt: skip
         hidden = out.hidden_states[-1][:, -logits_to_keep - 1 : -1]  # final hidden states predicting the tokens
-        head = lm_head(model)
         if hidden.dtype != head.weight.dtype:
             hidden = hidden.to(head.weight.dtype)
         targets = ids[:, -logits_to_keep:].masked_fill(att[:, -logits_to_keep:] == 0, -100)
