@@ -2,15 +2,19 @@
 # The Triton backend's GPU checks and benchmark, in as few calls as a short GPU lease allows. From the repository root
 # on a CUDA machine (no network needed; the package is pure Python and is used from the checkout):
 #
-#   bash benchmarks/gpu_session.sh tests   # gpu-marked tests, then the shared op suite on CUDA   -> pytest_*.log
+#   bash benchmarks/gpu_session.sh tests   # gpu-marked tests, then the op suites on CUDA           -> pytest_*.log
 #   bash benchmarks/gpu_session.sh bench   # benchmarks.bench_gpu (both issue shapes, 3 modes) -> gpu.{csv,md,png},
 #                                          # then benchmarks.profile_gpu's kernel breakdowns (fwd, fwd+bwd, 50% zero)
 #                                          # -> profile.log
-#   bash benchmarks/gpu_session.sh all     # both, in that order
+#   bash benchmarks/gpu_session.sh all     # the gpu-marked tests, the benchmark, the op suites, the profile
 #
 # Output goes to $OUT when it is set (the device tool's return folder, 8 files at most: `all` writes 8), else
-# benchmarks/results/; env.txt there collects the versions and each step's exit status. Peers (Liger-Kernel, cut-cross-entropy, and for Liger's sm_90 scaled CE
-# nvidia-cutlass-dsl + apache-tvm-ffi) are installed from wheels in .wheels/ when that folder exists:
+# benchmarks/results/; env.txt there collects the versions and each step's exit status and seconds.
+# A short lease: each step can be given a wall-clock limit in seconds (GPU_LIMIT_<step>=S, steps pytest_gpu, bench_gpu,
+# pytest_cuda, profile; a step cut off exits 124 and the next one runs); BENCH_GPU_ARGS is added to bench_gpu's command
+# line (e.g. "--repeats 10 --warmup 3"). Peers (Liger-Kernel, cut-cross-entropy; Liger's sm_90 scaled CE also needs
+# nvidia-cutlass-dsl and its libraries, whose CUDA 13 wheel is 92 MB) are installed from wheels in .wheels/ when that
+# folder exists, into a folder of their own put first on PYTHONPATH (the machine's packages stay as they are):
 #   pip download --no-deps -d .wheels liger-kernel==0.8.5 cut-cross-entropy==25.1.1
 # A step that fails does not stop the next one; the script exits non-zero if any failed.
 set -uo pipefail
@@ -30,7 +34,12 @@ if ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 if compgen -G ".wheels/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-deps --no-index .wheels/*.whl || echo "warning: peer wheels did not install" >&2
+  site=$(mktemp -d)
+  if "$py" -m pip install -q --no-deps --no-index --no-compile --target "$site" .wheels/*.whl; then
+    export PYTHONPATH="$PYTHONPATH:$site"  # after the checkout: the peers, never a second copy of the machine's own
+  else
+    echo "warning: peer wheels did not install" >&2
+  fi
 fi
 
 {
@@ -50,27 +59,36 @@ EOF
 } >>"$out/env.txt" 2>&1
 tail -n 12 "$out/env.txt"
 
-step() {  # step NAME CMD...: run, tee the log, remember a failure
+step() {  # step NAME CMD...: run (within GPU_LIMIT_NAME seconds when set), tee the log, remember a failure
   local name=$1; shift
-  echo "== $name: $*"
+  local limit_var="GPU_LIMIT_$name"
+  local limit=${!limit_var:-0}
+  echo "== $name: $* (limit ${limit}s, 0 = none)"
   local t0=$SECONDS
-  "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log" | tail -n 25
   local rc=${PIPESTATUS[0]}
   echo "== $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$out/env.txt"
   [ "$rc" -eq 0 ] || status=1
 }
 
 if [ "$what" != bench ]; then
-  # 1. the tests that only run on a GPU: real shapes (D=4096, V=131072 / 151936, bf16) vs float64 on sampled rows,
-  #    determinism, zero-gradient skipping == dense, 1M rows.
-  step pytest_gpu "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_backend.py
-  # 2. the shared op suite (forward, every gradient, bad inputs) with its cuda-torch / cuda-triton parametrizations;
-  #    its many small hypothesis shapes would each autotune (compile + time every config): fixed configs instead.
-  step pytest_cuda env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -p no:cacheprovider -k cuda tests/test_ops.py \
-    tests/test_ops_contract.py
+  # the tests that only run on a GPU: real shapes (D=4096, V=131072 / 151936, bf16) vs float64 on sampled rows,
+  # determinism, zero-gradient skipping == dense, 1M rows; the first (fixed) config of each kernel: the benchmark
+  # autotunes, and its gate checks whichever config wins against float64 at its shapes.
+  step pytest_gpu env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_backend.py
 fi
 if [ "$what" != tests ]; then
-  step bench_gpu "$py" -m benchmarks.bench_gpu --out "$out/gpu"
+  # shellcheck disable=SC2086  # BENCH_GPU_ARGS is split into words on purpose
+  step bench_gpu "$py" -m benchmarks.bench_gpu --out "$out/gpu" ${BENCH_GPU_ARGS:-}
+fi
+if [ "$what" != bench ]; then
+  # the shared op suites (forward, every gradient, bad inputs; the sampler's support) with their cuda-torch /
+  # cuda-triton parametrizations; their many small hypothesis shapes would each autotune (compile + time every
+  # config): fixed configs instead. pytest-timeout's limit per test keeps one stuck case from eating the lease.
+  step pytest_cuda env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -p no:cacheprovider -k cuda \
+    --timeout 120 tests/test_ops.py tests/test_ops_contract.py tests/test_ops_truncated.py
+fi
+if [ "$what" != tests ]; then
   # kernel-by-kernel breakdown at the issue's H100 target shape, dense and with half the rows at zero gradient
   tmp=$(mktemp -d)
   step profile bash -c "'$py' -m benchmarks.profile_gpu --out '$tmp/dense.md' && \
