@@ -10,19 +10,18 @@ import importlib
 TRAINER = "sgrpo_train" if __package__ == "sgrpo_study" else "train"
 
 
-def _module(name: str):
-    return importlib.import_module(f"{TRAINER}.{name}")
+def _names(module: str, *names: str) -> tuple:
+    """The named attributes of one trainer module (`module` relative to the trainer package), in order."""
+    mod = importlib.import_module(f"{TRAINER}.{module}")
+    return tuple(getattr(mod, name) for name in names)
 
 
-parse_args = _module("config.cli").parse_args
-TrainConfig = _module("config").TrainConfig
-PRESET_LOSS_DEFAULTS = _module("config").PRESET_LOSS_DEFAULTS
-field_specs = _module("config.fields").field_specs
-ConfigFileError = _module("config.file").ConfigFileError
-read_config_text = _module("config.file").read_config_text
-CollapseRules = _module("features.collapse").CollapseRules
-low_entropy_collapse = _module("features.collapse").low_entropy_collapse
-write_json = _module("run.metrics").write_json
-atomic_writer = _module("run.files").atomic_writer
-dumps = _module("run.metrics").dumps
-cpu_info = _module("run.machine").cpu_info
+# one line per trainer module the study reads
+(parse_args,) = _names("config.cli", "parse_args")
+TrainConfig, PRESET_LOSS_DEFAULTS = _names("config", "TrainConfig", "PRESET_LOSS_DEFAULTS")
+(field_specs,) = _names("config.fields", "field_specs")
+ConfigFileError, read_config_text = _names("config.file", "ConfigFileError", "read_config_text")
+CollapseRules, low_entropy_collapse = _names("features.collapse", "CollapseRules", "low_entropy_collapse")
+write_json, dumps = _names("run.metrics", "write_json", "dumps")
+(atomic_writer,) = _names("run.files", "atomic_writer")
+(cpu_info,) = _names("run.machine", "cpu_info")
