@@ -391,9 +391,9 @@ def test_logits_empty_and_noncontiguous(dev_backend):
     assert logp.shape == (0,) and ent.shape == (0,)
     z = torch.randn(5, 3, 40, device=device).transpose(0, 1)  # (3, 5, 40) non-contiguous
     t = torch.randint(0, 40, (5, 3), device=device).T
-    got = grads_of(lambda x: sk.logprobs_from_logits(x, t, backend=backend), (z,), torch.ones(3, 5, device=device), torch.ones(3, 5, device=device))
-    exp = grads_of(lambda x: ref.logprobs_from_logits(x, t, out_dtype=None), (z.double(),), torch.ones(3, 5, device=device),
-                   torch.ones(3, 5, device=device))
+    ones = torch.ones(3, 5, device=device)  # the upstream gradients, on the logits' device
+    got = grads_of(lambda x: sk.logprobs_from_logits(x, t, backend=backend), (z,), ones, ones)
+    exp = grads_of(lambda x: ref.logprobs_from_logits(x, t, out_dtype=None), (z.double(),), ones, ones)
     torch.testing.assert_close(got[2][0].double(), exp[2][0], atol=5e-5, rtol=5e-5)
 
 
