@@ -16,7 +16,11 @@
 # nvidia-cutlass-dsl and its libraries, whose CUDA 13 wheel is 92 MB) are installed from wheels in .wheels/ when that
 # folder exists, into a folder of their own put first on PYTHONPATH (the machine's packages stay as they are):
 #   pip download --no-deps -d .wheels liger-kernel==0.8.5 cut-cross-entropy==25.1.1
-# A step that fails does not stop the next one; the script exits non-zero if any failed.
+# A step that fails does not stop the next one; the script exits non-zero if any failed. The pytest steps run on 8
+# workers when pytest-xdist is there (the kernels compile in parallel).
+# Measured on an H200 (2026-11-28, benchmarks/results/gpu.md): pytest_gpu 69 s and pytest_cuda 99 s on 8 workers,
+# bench_gpu 175 s with --repeats 10 --warmup 3, one profile ~25 s; a machine's start ~40 s. `all` fits a 15-minute
+# lease with time for one rerun.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +63,11 @@ EOF
 } >>"$out/env.txt" 2>&1
 tail -n 12 "$out/env.txt"
 
+xdist=()
+if "$py" -c "import xdist" 2>/dev/null && [[ " ${PYTEST_ADDOPTS:-} " != *" -n "* ]]; then
+  xdist=(-n 8)
+fi
+
 step() {  # step NAME CMD...: run (within GPU_LIMIT_NAME seconds when set), tee the log, remember a failure
   local name=$1; shift
   local limit_var="GPU_LIMIT_$name"
@@ -75,7 +84,8 @@ if [ "$what" != bench ]; then
   # the tests that only run on a GPU: real shapes (D=4096, V=131072 / 151936, bf16) vs float64 on sampled rows,
   # determinism, zero-gradient skipping == dense, 1M rows; the first (fixed) config of each kernel: the benchmark
   # autotunes, and its gate checks whichever config wins against float64 at its shapes.
-  step pytest_gpu env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -m gpu -p no:cacheprovider tests/test_triton_backend.py
+  step pytest_gpu env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q "${xdist[@]}" -m gpu -p no:cacheprovider \
+    tests/test_triton_backend.py
 fi
 if [ "$what" != tests ]; then
   # shellcheck disable=SC2086  # BENCH_GPU_ARGS is split into words on purpose
@@ -85,7 +95,7 @@ if [ "$what" != bench ]; then
   # the shared op suites (forward, every gradient, bad inputs; the sampler's support) with their cuda-torch /
   # cuda-triton parametrizations; their many small hypothesis shapes would each autotune (compile + time every
   # config): fixed configs instead. pytest-timeout's limit per test keeps one stuck case from eating the lease.
-  step pytest_cuda env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q -p no:cacheprovider -k cuda \
+  step pytest_cuda env SGRPO_TRITON_AUTOTUNE=0 "$py" -m pytest -q "${xdist[@]}" -p no:cacheprovider -k cuda \
     --timeout 120 tests/test_ops.py tests/test_ops_contract.py tests/test_ops_truncated.py
 fi
 if [ "$what" != tests ]; then
