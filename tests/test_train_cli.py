@@ -351,6 +351,59 @@ def test_model_loading_is_a_named_phase_without_carriage_return_noise(monkeypatc
     assert "de-quantizing" in err and err.count("100%") <= 1  # one bar (a terminal would see it redraw in place)
 
 
+def test_model_given_as_a_gguf_file_loads_it_with_gguf_file(monkeypatch, tmp_path, capsys):
+    """--model PATH.gguf: the folder and file name go to transformers as (path, gguf_file=...), offline; a path that
+    is no file is refused naming it."""
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    import train.model as model_module
+
+    f = tmp_path / "base-270m.Q4_K_M.gguf"
+    f.write_bytes(b"GGUF")
+    seen = []
+
+    def fake_model(path, **kwargs):
+        seen.append((path, kwargs.get("gguf_file")))
+        return model_module.tiny_model_and_tokenizer()[0]
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: model_module.CharTokenizer())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    model_module.load_model_and_tokenizer(str(f), torch.device("cpu"), torch.float32)
+    assert seen == [(str(tmp_path.resolve()), "base-270m.Q4_K_M.gguf")]
+    assert "(base-270m.Q4_K_M.gguf, de-quantized to float32)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no-such.gguf.*no such GGUF file"):
+        model_module.load_model_and_tokenizer(str(tmp_path / "no-such.gguf"), torch.device("cpu"), torch.float32)
+
+
+def test_prompts_without_a_chat_template_are_plain_text():
+    """A tokenizer with a chat template renders system + user messages through it (unchanged); one without (a base
+    model's GGUF) gets PLAIN_PROMPT: system prompt, blank line, 'Question: ...' and 'Answer:'."""
+    from train.rollout import PLAIN_PROMPT, chat_prompts
+    from train.tasks.base import Problem
+
+    class Templated:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+            return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+    class Base:
+        chat_template = None
+
+        def apply_chat_template(self, *a, **kw):  # what transformers does without a template
+            raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+
+    probs = [Problem("12 + 5", "17"), Problem("3 * 4", "12")]
+    assert chat_prompts(Templated(), probs, "Be brief.") == ["system:Be brief.|user:12 + 5|assistant:",
+                                                           "system:Be brief.|user:3 * 4|assistant:"]
+    assert chat_prompts(Base(), probs, "Be brief.") == ["Be brief.\n\nQuestion: 12 + 5\nAnswer:",
+                                                      "Be brief.\n\nQuestion: 3 * 4\nAnswer:"]
+    assert chat_prompts(Base(), probs[:1], None) == ["Question: 12 + 5\nAnswer:"]
+    assert PLAIN_PROMPT.format(system="", question="q") == "Question: q\nAnswer:"
+
+
 # ----------------------------------------------------------------------------------------------------- rollouts
 
 

