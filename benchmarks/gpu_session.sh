@@ -14,7 +14,8 @@
 # pytest_cuda, profile; a step cut off exits 124 and the next one runs); BENCH_GPU_ARGS is added to bench_gpu's command
 # line (e.g. "--repeats 10 --warmup 3"). Peers (Liger-Kernel, cut-cross-entropy; Liger's sm_90 scaled CE also needs
 # nvidia-cutlass-dsl and its libraries, whose CUDA 13 wheel is 92 MB) are installed from wheels in .wheels/ when that
-# folder exists, into a folder of their own put first on PYTHONPATH (the machine's packages stay as they are):
+# folder exists, into a folder of their own added to PYTHONPATH after the checkout (the machine's packages stay as
+# they are):
 #   pip download --no-deps -d .wheels liger-kernel==0.8.5 cut-cross-entropy==25.1.1
 # A step that fails does not stop the next one; the script exits non-zero if any failed. The pytest steps run on 8
 # workers when pytest-xdist is there (the kernels compile in parallel).
