@@ -127,7 +127,9 @@ def tables(root: Path) -> str:
 
 
 def published_tables(pilot_md: Path) -> str | None:
-    """The text between the two MARK lines of pilot.md (None without them)."""
+    """The text between the two MARK lines of pilot.md (None without them, or without the file)."""
+    if not pilot_md.is_file():
+        return None
     parts = pilot_md.read_text().split(MARK + "\n")
     return parts[1] if len(parts) == 3 else None
 
@@ -142,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"study.pilot: {e}", file=sys.stderr)
         return 2
-    if not args.check:
-        print(text, end="")
-        return 0
-    published = published_tables(args.folder / "pilot.md")
-    if published != text:
-        print(f"study.pilot: {args.folder / 'pilot.md'}'s tables differ from the run folders':\n{text}", file=sys.stderr)
-        return 1
-    print(f"study.pilot: {args.folder / 'pilot.md'}'s tables match the run folders")
+    if args.check:
+        return check(args.folder / "pilot.md", text)
+    print(text, end="")
     return 0
+
+
+def check(pilot_md: Path, text: str) -> int:
+    """0 when pilot.md's tables are `text` (a line says so), else 1 with the tables the folders give."""
+    same = published_tables(pilot_md) == text
+    report = "match the run folders" if same else f"differ from the run folders':\n{text}"
+    print(f"study.pilot: {pilot_md}'s tables {report}", file=sys.stdout if same else sys.stderr)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

@@ -80,11 +80,25 @@ def test_the_published_pilot_regenerates():
 def test_a_finished_pilot_run_gets_a_row(tmp_path):
     run = tmp_path / "gemma-runs" / "runs" / "grpo_nokl_lr1.5e-4" / "seed0"
     run.mkdir(parents=True)
-    train = {"model": "/x/gemma.gguf", "task": "arithmetic", "difficulty": "2,3,5", "max_new_tokens": 48, "max_steps": 12}
+    train = {
+        "model": "/x/gemma.gguf",
+        "task": "arithmetic",
+        "difficulty": "2,3,5",
+        "max_new_tokens": 48,
+        "max_steps": 12,
+    }
     (run / "config.json").write_text(json.dumps({"train": train, "loss": {}, "world_size": 1}))
     steps = [{"step": i + 1, "step_s": 10.0 + i, "reward_mean": 0.5 if i >= 2 else 0.0} for i in range(12)]
     records = [{"step": 0, "event": "eval", "eval_acc": 0.0}, *steps, {"step": 12, "event": "eval", "eval_acc": 0.25}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (run / "summary.json").write_text(json.dumps({"steps": 12, "before": {"eval_acc": 0.0}, "after": {"eval_acc": 0.25}}))
+    summary = {"steps": 12, "before": {"eval_acc": 0.0}, "after": {"eval_acc": 0.25}}
+    (run / "summary.json").write_text(json.dumps(summary))
     text = pilot.tables(tmp_path)
-    assert "| grpo_nokl_lr1.5e-4 seed0 | gemma.gguf | arithmetic 2,3,5 | 12 | 0.000 -> 0.250 | 0.000 -> 0.500 | 15.5 |" in text
+    row = "| grpo_nokl_lr1.5e-4 seed0 | gemma.gguf | arithmetic 2,3,5 | 12 | 0.000 -> 0.250 | 0.000 -> 0.500 | 15.5 |"
+    assert row in text
+
+
+def test_check_without_pilot_md_is_a_difference_not_a_traceback(tmp_path, capsys):
+    base(tmp_path / "task-l4", [(True, 20, False)])
+    assert pilot.main([str(tmp_path), "--check"]) == 1
+    assert "differ from the run folders" in capsys.readouterr().err
