@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         text = tables(args.folder)
-    except (OSError, ValueError, KeyError) as e:
+    except KeyError as e:
+        print(f"study.pilot: a config.json or summary.json under {args.folder} lacks the key {e}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
         print(f"study.pilot: {e}", file=sys.stderr)
         return 2
     if args.check:

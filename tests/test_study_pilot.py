@@ -102,3 +102,10 @@ def test_check_without_pilot_md_is_a_difference_not_a_traceback(tmp_path, capsys
     base(tmp_path / "task-l4", [(True, 20, False)])
     assert pilot.main([str(tmp_path), "--check"]) == 1
     assert "differ from the run folders" in capsys.readouterr().err
+
+
+def test_a_config_without_a_key_is_named(tmp_path, capsys):
+    folder = base(tmp_path / "task-l4", [(True, 20, False)])
+    (folder / "config.json").write_text(json.dumps({"train": {"model": "smollm2-135m"}}))
+    assert pilot.main([str(tmp_path)]) == 2
+    assert "lacks the key 'max_steps'" in capsys.readouterr().err
