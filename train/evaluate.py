@@ -13,7 +13,7 @@ import torch
 
 from .config import TrainConfig
 from .engines.hf import eos_ids
-from .rewards import CodeTests, answers_match, correctness_reward, correctness_rewards, extract_answer
+from .rewards import CodeTests, answers_match, correctness_rewards, extract_answer
 from .rollout import Sampling, majority, rollout
 from .run.files import write_text_atomic
 from .run.metrics import dumps
@@ -116,11 +116,6 @@ def greedy_details(texts: list[str], shapes: list[tuple[int, bool]], problems) -
         }
         for t, (n, hit), p in zip(texts, shapes, problems)
     ]
-
-
-def answers_match_text(text: str, answer: str) -> bool:
-    """The reward's notion of a correct completion (the extracted final answer equals `answer`)."""
-    return correctness_reward(text, answer) > 0
 
 
 def heldout_eval(cfg: TrainConfig, run, step: int, label: str | None = None) -> tuple[dict, list[dict]]:
