@@ -5,7 +5,7 @@
 # A venv left by an earlier run is reused when it is complete (its marker file names the same requirements and
 # `import verl` works), and only the checkout is reinstalled. Runs tests/test_integrations_verl*.py with the verl tests
 # required to run (SGRPO_REQUIRE_VERL=1: a missing or broken verl fails the stage instead of skipping).
-# Self-contained: `bash .ci/stage_verl.sh` from anywhere.
+# Self-contained: `bash .ci/stage_verl.sh` from anywhere; `--venv-only` makes (or reuses) the venv and stops there.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 source "$repo/.ci/venv.sh"
@@ -14,14 +14,16 @@ stage_start verl
 want=$(wanted "$repo/pyproject.toml" verl test)
 if reusable "$venv" "$want" verl; then
   echo "stage_verl: reusing the venv at $venv"
-  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo" 2> >(quiet)  # this checkout
 else
   fresh_venv verl
-  "$venv/bin/python" -m pip install -q "$repo[verl,test]" 2> >(quiet)
+  mapfile -t reqs < <(requirements "$repo/pyproject.toml" verl test)
+  "$venv/bin/python" -m pip install -q "${reqs[@]}" 2> >(quiet)  # what `pip install ".[verl,test]"` pulls
   "$venv/bin/python" -c "import verl; print('stage_verl: verl', verl.__version__)"
   completed "$venv" "$want"
 fi
 venv_ready
+[ "${1:-}" = --venv-only ] && exit 0  # .ci/stages.sh: the venv now (beside the other stages'), the tests later
+install_checkout --force-reinstall "$repo"  # this checkout (not editable: the entry point a user's install gets)
 
 cd "$repo"
 SGRPO_REQUIRE_VERL=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py \

@@ -27,6 +27,24 @@ print(";".join(["torch==2.13.0", *sorted(r for e in extras for r in declared[e])
 PY
 }
 
+# requirements PYPROJECT EXTRA...: the project's dependencies and those of EXTRA..., one per line: what installing the
+# checkout with those extras pulls in, without building the checkout (so stages can make their venvs side by side
+# while only one of them at a time builds the checkout in its folder: install_checkout)
+requirements() {
+  python - "$@" <<'PY'
+import sys, tomllib
+
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join([*project["dependencies"], *(r for e in sys.argv[2:] for r in project["optional-dependencies"][e])]))
+PY
+}
+
+# install_checkout PIP_ARGS...: `pip install --no-deps PIP_ARGS` (the checkout) in the stage's venv, one stage at a time
+# (the build writes into the checkout's folder)
+install_checkout() {
+  flock "$(dirname "$venv")/.checkout.lock" "$venv/bin/python" -m pip install -q --no-deps "$@" 2> >(quiet)
+}
+
 # reusable VENV WANT MODULE: true when VENV was completed for WANT and `import MODULE` works in it
 reusable() {
   [ -f "$1/.sgrpo-stage" ] && [ "$(cat "$1/.sgrpo-stage")" = "$2" ] && "$1/bin/python" -c "import $3" 2>/dev/null
@@ -40,6 +58,7 @@ completed() { echo "$2" > "$1/.sgrpo-stage"; }
 fresh_venv() {
   echo "stage_$stage: installing $1 into a fresh venv at $venv"
   rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
   python -m venv "$venv"
   "$venv/bin/python" -m pip install -q torch==2.13.0 2> >(quiet)
 }
