@@ -16,7 +16,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "stage_wheel: building the wheel"
 # a copy of the tracked (and new, not ignored) files: building in the checkout would leave build/ and *.egg-info there
-(cd "$repo" && git ls-files -co --exclude-standard -z | xargs -0 -I{} sh -c 'test -e "{}" && printf "%s\0" "{}"' \
+(cd "$repo" && git ls-files -co --exclude-standard -z | python -c 'import os, sys  # tracked files deleted here skipped
+sys.stdout.buffer.write(b"".join(p + b"\0" for p in sys.stdin.buffer.read().split(b"\0") if p and os.path.lexists(p)))' \
   | tar --null -T - -cf -) | tar -xf - -C "$work" --one-top-level=src
 python -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/sgrpo_kernels-*.whl)

@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
-# CI: the three stages that need an install of their own, after the main suite. The verl and vLLM venvs are made (or
-# checked for reuse) in the background while stage_wheel runs: each install is one pip process, which uses one core, so
-# side by side they take about as long as the longest of them instead of the sum. Then the verl and vLLM stages run
-# their tests, one after the other. Only the venvs' dependencies are installed side by side; each stage installs the
-# checkout itself under a lock (.ci/venv.sh, install_checkout), since that build writes into the checkout's folder.
-# A failed background build fails this script with its log. Self-contained: `bash .ci/stages.sh` from anywhere.
+# CI: the main suite and the three stages that need an install of their own.
+#   bash .ci/stages.sh [COMMAND...]
+# COMMAND (the README's: `env TRITON_INTERPRET=1 python -m pytest -q`, the main suite) runs first, while the verl and
+# vLLM venvs are made (or checked for reuse) in the background, at nice 10: their downloads go on whatever the suite
+# does, and their unpacking takes only the CPU the suite leaves. A failing COMMAND stops everything with its exit status.
+# Then stage_wheel runs (the venvs go on being made if they are not ready), then the verl and vLLM stages' tests, one
+# after the other. Only the venvs' dependencies are installed in the background; each stage installs the checkout
+# itself later, under a lock (.ci/venv.sh, install_checkout), since that build writes into the checkout's folder.
+# A failed background build fails this script with its log. Self-contained: runs from anywhere.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 logs=$(mktemp -d)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$logs"' EXIT
+declare -A pids=()
+# each background build in a process group of its own (setsid), so that stopping this script stops its pip too
+trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$logs"' EXIT
+t0=$(date +%s)
 
 for stage in verl vllm; do
-  bash "$repo/.ci/stage_$stage.sh" --venv-only > "$logs/$stage.log" 2>&1 &
-  pids+=($!)
+  setsid nice -n 10 bash "$repo/.ci/stage_$stage.sh" --venv-only > "$logs/$stage.log" 2>&1 &
+  pids[$stage]=$!
 done
+if [ $# -gt 0 ]; then
+  "$@"
+  echo "stages: the main suite took $(( $(date +%s) - t0 )) s"
+fi
 bash "$repo/.ci/stage_wheel.sh"
 
-for i in 0 1; do
-  stage=$([ "$i" = 0 ] && echo verl || echo vllm)
-  if wait "${pids[$i]}"; then
+for stage in verl vllm; do
+  if wait "${pids[$stage]}"; then
     cat "$logs/$stage.log"
   else
     echo "stages: making the $stage venv failed; its log:" >&2
     cat "$logs/$stage.log" >&2
     exit 1
   fi
+  unset "pids[$stage]"
 done
-pids=()
+echo "stages: both venvs ready at $(( $(date +%s) - t0 )) s"
 bash "$repo/.ci/stage_verl.sh"
 bash "$repo/.ci/stage_vllm.sh"
+echo "stages: all passed in $(( $(date +%s) - t0 )) s"

@@ -1,6 +1,6 @@
 """Start a test's worker processes so that a hang fails the test instead of the suite: `spawn` is
 `torch.multiprocessing.spawn` with a deadline, after which the workers are killed and the test fails, naming the
-function and the seconds waited."""
+function and the seconds waited; `wait_for` polls for what another process does, with a deadline."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0) -> None:
             for p in context.processes:
                 p.join(10)
             pytest.fail(f"{fn.__name__}: {nprocs} processes did not finish within {timeout:.0f} s (killed)")
+
+
+def wait_for(predicate, timeout_s: float) -> bool:
+    """Whether `predicate()` became true within `timeout_s` seconds (polled every 50 ms, once more at the end)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()

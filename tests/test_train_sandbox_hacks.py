@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import wait_for
 
 import train.rewards as rewards
 import train.sandbox as sandbox
@@ -321,15 +322,6 @@ def _scorer(body: str, tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
 
 
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def _kill_named(token: str) -> None:
     for pid in _pids_named(token):
         try:
@@ -360,14 +352,14 @@ def test_nothing_outlives_a_killed_scorer(tmp_path, victim, path):
         )
     scorer = _scorer(body, tmp_path)
     try:
-        assert _wait_for(lambda: len(_pids_named(token)) >= 2, 30), "the program did not start"
+        assert wait_for(lambda: len(_pids_named(token)) >= 2, 30), "the program did not start"
         if victim == "scorer":
             scorer.kill()
         else:
             boot = [p for p in _children_of(scorer.pid) if b"_sgrpo_sandbox_boot" in _cmdline(p)]
             assert len(boot) == 1
             os.kill(boot[0], signal.SIGKILL)
-        assert _wait_for(lambda: not _pids_named(token), 10), f"survivors: {_pids_named(token)}"
+        assert wait_for(lambda: not _pids_named(token), 10), f"survivors: {_pids_named(token)}"
         if victim == "bootstrap":  # the scorer goes on: a failed run, not a hang
             out, _ = scorer.communicate(timeout=30)
             assert out.strip() in ("error", "timeout", "0.0")
