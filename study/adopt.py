@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from .trainer import dumps
 from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
 from .results import copy_run_files, is_finished, read_manifest, write_manifest
+from .trainer import dumps
 
 # How and where a run was launched, not what it computed: not compared
 LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")

@@ -9,11 +9,11 @@ import json
 import math
 from pathlib import Path
 
-from .stability import CollapseRules
 from . import stats
 from .collapse import classify
 from .prereg import ALPHA, MARGIN, Plan
 from .results import read_heldout, read_records, read_summary
+from .stability import CollapseRules
 
 
 def run_facts(run_dir: Path) -> dict:

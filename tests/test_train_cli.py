@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from train.config import BACKENDS, DTYPES, FIELD_PRESET_NAMES, PRESET_NAMES, RUN_PRESETS, ConfigError, Range, TrainConfig, field_docs
+from train.config import (
+    BACKENDS,
+    DTYPES,
+    FIELD_PRESET_NAMES,
+    PRESET_NAMES,
+    RUN_PRESETS,
+    ConfigError,
+    Range,
+    TrainConfig,
+    field_docs,
+)
 from train.config.cli import loss_fields, parse_args
 from train.config.fields import field_specs
 

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from train.config.cli import parse_args  # noqa: E402
 from study.__main__ import main as study_main  # noqa: E402
+from train.config.cli import parse_args  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from test_train_study_stats import write_run
 
-from study.stability import CollapseRules
 from study import stats
 from study.collapse import classify
 from study.decide import evaluate
 from study.prereg import PHASE1, PHASE2, PLANS, Contrast, Fisher, Hypothesis, Plan, Rule
+from study.stability import CollapseRules
 
 RULES = CollapseRules(window=3)
 
