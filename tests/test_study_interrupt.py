@@ -1,6 +1,7 @@
 """`python -m study` stopped with SIGTERM: it passes the signal on to its running trainers, says how to resume, and the
 process itself exits (status 130) instead of lingering. The trainers are stand-ins (a process that waits for SIGTERM and
-exits 143, as the trainer does after its checkpoint), so the test needs neither a model nor torch's start-up."""
+exits 143, as the trainer does after its checkpoint), so no model is loaded and nothing trains (the driver still imports
+the trainer's config, and torch with it, to check each run's arguments)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_sigterm_stops_the_trainers_and_the_study_exits(tmp_path):
         running = [tmp_path / f"grpo_seed{s}.running" for s in (0, 1)]
         assert wait_for(lambda: all(p.exists() for p in running), 120), proc.communicate(timeout=60)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)  # before a fix of this path the driver could linger: fail, not hang
+        out, err = proc.communicate(timeout=60)  # a driver that lingers after SIGTERM fails here instead of hanging
     finally:
         if proc.poll() is None:
             proc.kill()
