@@ -1,28 +1,71 @@
 """Start a test's worker processes so that a hang fails the test instead of the suite: `spawn` is
 `torch.multiprocessing.spawn` with a deadline, after which the workers are killed and the test fails, naming the
-function and the seconds waited; `wait_for` polls for what another process does, with a deadline."""
+function, the seconds waited and the ranks still running, each of which first printed its threads' stacks (to the
+test's captured stderr); `init_gloo` joins a worker to a gloo group on 127.0.0.1 whose own timeout comes before that
+deadline, so a collective that waits forever fails with gloo's message; `free_port` a port for it; `wait_for` polls
+for what another process does, with a deadline."""
 
 from __future__ import annotations
 
+import datetime
+import faulthandler
+import os
+import socket
 import time
 
 import pytest
 import torch.multiprocessing as mp
 
+# A gloo group's timeout (init_gloo); spawn's deadline must leave room for it and for the workers' start-up.
+GLOO_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_gloo(rank: int, world: int, port: int, timeout_s: float = GLOO_TIMEOUT_S) -> None:
+    """This worker joins a gloo process group on the loopback interface (no host-name lookup) with one CPU thread;
+    a collective that waits longer than `timeout_s` raises instead of hanging."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _traced(rank: int, fn, dump_after_s: float, *args) -> None:
+    """fn(rank, *args), and if it is still running after `dump_after_s` seconds, every thread's stack on stderr."""
+    faulthandler.dump_traceback_later(dump_after_s, exit=False)
+    try:
+        fn(rank, *args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
 
 def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0) -> None:
     """Run fn(rank, *args) in nprocs fresh processes and wait for all of them; a worker's exception is raised here
-    (as torch.multiprocessing.spawn raises it); past `timeout` seconds every worker is killed and the test fails."""
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    (as torch.multiprocessing.spawn raises it); past `timeout` seconds every worker is killed and the test fails (the
+    ones still running print their stacks 10 s before)."""
+    dump_after = max(1.0, timeout - 10.0)
+    context = mp.start_processes(_traced, args=(fn, dump_after, *args), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not context.join(timeout=max(0.0, deadline - time.monotonic())):
         if time.monotonic() >= deadline:
+            alive = [r for r, p in enumerate(context.processes) if p.is_alive()]
             for p in context.processes:
                 if p.is_alive():
                     p.kill()
             for p in context.processes:
                 p.join(10)
-            pytest.fail(f"{fn.__name__}: {nprocs} processes did not finish within {timeout:.0f} s (killed)")
+            pytest.fail(
+                f"{fn.__name__}: {nprocs} processes did not finish within {timeout:.0f} s (killed); ranks still "
+                f"running: {alive} (their stacks are in the captured stderr)"
+            )
 
 
 def wait_for(predicate, timeout_s: float) -> bool:

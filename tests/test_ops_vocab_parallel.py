@@ -4,24 +4,15 @@ zero-gradient rows, temperature and bias."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-from procs import spawn
+from procs import free_port, init_gloo, spawn
 
 from sgrpo_kernels import LogProbs, linear_logprobs, logprobs_from_logits, sgrpo_loss
 from sgrpo_kernels.rl import preset
 
 IGNORE = -100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _case(sizes: list[int], n: int, d: int, temperature: float, bias: bool, seed: int):
@@ -52,10 +43,8 @@ def _grads(out, inputs, g_logp, g_ent, return_entropy: bool):
 
 
 def _worker(rank: int, world: int, port: int, cases: list) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_gloo(rank, world, port)
     try:
-        torch.set_num_threads(1)
         for sizes, n, d, temperature, bias, return_entropy, seed, *head in cases:
             hidden, weight, b, targets, g_logp, g_ent, offsets = _case(sizes, n, d, temperature, bias, seed)
             lo, hi = offsets[rank], offsets[rank] + sizes[rank]
@@ -135,7 +124,7 @@ def _worker(rank: int, world: int, port: int, cases: list) -> None:
 
 
 def _spawn(world: int, cases: list) -> None:
-    spawn(_worker, (world, _free_port(), cases), nprocs=world)
+    spawn(_worker, (world, free_port(), cases), nprocs=world)
 
 
 def test_vocab_parallel_three_ranks_unequal_and_empty_shard():

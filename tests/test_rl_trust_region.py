@@ -5,15 +5,12 @@ decision) and FSDP2 / DTensor and plain-tensor shards (the norm of the whole, un
 
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-from procs import spawn
+from procs import free_port, init_gloo, spawn
 
 from sgrpo_kernels.rl import TrustRegion, project_step, step_norm
 
@@ -240,18 +237,6 @@ def test_bad_inputs_are_refused_naming_the_argument(kwargs, words):
 # ------------------------------------------------------------------------------------------------- distributed
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init(rank: int, world: int, port: int) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-
-
 def _reference(delta: float):
     """The unsharded model, its capped step, in one process: (norm before, weights after)."""
     model = _model()
@@ -262,7 +247,7 @@ def _reference(delta: float):
 
 
 def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         model = torch.nn.parallel.DistributedDataParallel(_model())
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -276,7 +261,7 @@ def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_ddp_every_rank_takes_the_same_decision(tmp_path):
-    spawn(_ddp_worker, (2, _port(), str(tmp_path)), nprocs=2, timeout=120)
+    spawn(_ddp_worker, (2, free_port(), str(tmp_path)), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"ddp{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["last"] == r1["last"] and r0["last"].projected
     assert all(torch.equal(a, b) for a, b in zip(r0["w"], r1["w"]))
@@ -293,7 +278,7 @@ def test_ddp_every_rank_takes_the_same_decision(tmp_path):
 
 
 def _sharded_worker(rank: int, world: int, port: int, out: str, how: str) -> None:
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         full = _model()
         g_model = _model()
@@ -344,7 +329,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str, how: str) -> Non
 
 @pytest.mark.parametrize("how", ["dtensor", "plain_shards", "fsdp2"])
 def test_sharded_norm_is_the_norm_of_the_whole_step(tmp_path, how):
-    spawn(_sharded_worker, (2, _port(), str(tmp_path), how), nprocs=2, timeout=180)
+    spawn(_sharded_worker, (2, free_port(), str(tmp_path), how), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"{how}{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["last"] == r1["last"]  # every rank measured the same whole norm
     ref_last, ref_w = _reference(0.05)

@@ -6,12 +6,10 @@ with another number of processes."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,7 +23,7 @@ pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
 from conftest import tiny_cfg  # noqa: E402
-from procs import spawn  # noqa: E402
+from procs import free_port, init_gloo, spawn  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS = "beta=0"  # grpo without KL: seq-mean-token-mean, which a mean over equal shares of groups reproduces exactly
@@ -58,9 +56,7 @@ def _update(rank: int, world: int, port: int, out: str, result: str, name: str =
     (train.distributed.shutdown)."""
     torch.set_num_threads(1)
     if world > 1:
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        # a collective that waits longer than this fails (the job then fails) instead of hanging the test
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=180))
+        init_gloo(rank, world, port)  # a collective that waits too long fails instead of hanging the test
     try:
         _update_on(rank, world, out, result, name)
     except BaseException as exc:
@@ -112,12 +108,6 @@ def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
         torch.save({n: after[n] - before[n] for n in after}, result)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SAME_BATCH))
 def test_two_process_update_equals_one_process_update(tmp_path, name):
@@ -125,7 +115,7 @@ def test_two_process_update_equals_one_process_update(tmp_path, name):
     equal to 2e-6 of the largest change (the same fp32 sums in another order)."""
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     _update(0, 1, 0, str(tmp_path), str(one), name)
-    spawn(_update, (2, _port(), str(tmp_path), str(two), name), nprocs=2)
+    spawn(_update, (2, free_port(), str(tmp_path), str(two), name), nprocs=2)
     a, b = torch.load(one), torch.load(two)
     assert a.keys() == b.keys() and len(a) > 0
     scale = max(v.abs().max().item() for v in a.values())
@@ -144,7 +134,7 @@ def _train_args(out: Path) -> list[str]:
 
 def _torchrun(tmp_path: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_port()), "-m", "train", *_train_args(tmp_path / "run"),
+           "127.0.0.1", "--master_port", str(free_port()), "-m", "train", *_train_args(tmp_path / "run"),
            *args]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -224,7 +214,8 @@ def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_pa
     """)
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "1"]  # fmt: skip
+           "--master_port", str(free_port()), str(probe), *_train_args(tmp_path / "run"),
+           "--max-steps", "1"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     log = res.stdout + res.stderr
@@ -254,7 +245,7 @@ def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
     """)
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "3",
+           "--master_port", str(free_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "3",
            "--kl-every", "0", "--eval-k", "0", "--dist-timeout-s", "5"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from conftest import tiny_cfg  # noqa: E402
+from procs import free_port  # noqa: E402
 
 import train.evaluate as evaluate_module  # noqa: E402
 import train.step as step_module  # noqa: E402
@@ -151,12 +151,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_torchrun_puts_the_ranks_shares_back_in_order(tmp_path):
     """2 gloo processes, 7 problems (rank 0 evaluates 0, 2, 4, 6; rank 1 evaluates 1, 3, 5): the file is rank 0's,
@@ -169,7 +163,7 @@ def test_torchrun_puts_the_ranks_shares_back_in_order(tmp_path):
             "--progress", "false", "--threads", "1", "--save-model", "false", "--log-mechanism",
             "--loss", "entropy_filter=null,entropy_coef=0.01"]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_port()), str(script), *args]  # fmt: skip
+           "--master_port", str(free_port()), str(script), *args]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
