@@ -88,16 +88,24 @@ def test_lines_recompute_the_summary_and_the_eval_records(tmp_path, monkeypatch)
     assert all(set(r) == keys for r in records)  # the eval records are as they were: no per-problem list
 
 
-def test_max_steps_0_has_before_and_after(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate_module, "correctness_rewards", Judge())
+def test_max_steps_0_evaluates_once(tmp_path, monkeypatch, capsys):
+    """No step, the same weights: "after" is "before"'s evaluation, not a second one (the judge is called once; it
+    judges differently each time it is called, so a second evaluation would show)."""
+    judge = Judge()
+    monkeypatch.setattr(evaluate_module, "correctness_rewards", judge)
     cfg = tiny_cfg(tmp_path / "run", max_steps=0, eval_k=0, eval_problems=5, kl_every=0, save_model=False)
     summary = loop.train(cfg, LOSS)
+    assert judge.k == 1
     lines = heldout(tmp_path / "run")
     assert len(lines) == 5 and all(x["at"] == {} for x in lines)
     assert [x["before"] for x in lines] == [rule(p.answer, 0) for p in problems(cfg)]
-    assert [x["after"] for x in lines] == [rule(p.answer, 1) for p in problems(cfg)]
-    assert summary["before"]["eval_acc"] == mean([x["before"] for x in lines])
-    assert summary["after"]["eval_acc"] == mean([x["after"] for x in lines])
+    assert [x["after"] for x in lines] == [x["before"] for x in lines]
+    assert all(x[f"after_{k}"] == x[f"before_{k}"] for x in lines for k in ("extracted", "tokens", "hit_limit"))
+    assert summary["before"]["eval_acc"] == mean([x["before"] for x in lines]) == summary["after"]["eval_acc"]
+    assert summary["after"] == summary["before"] and summary["delta"] == 0
+    records = evals(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 0] and records[0] == records[1]
+    assert "no step was taken" in capsys.readouterr().out
 
 
 def test_before_survives_a_resume(tmp_path, monkeypatch):

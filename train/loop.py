@@ -96,6 +96,8 @@ def run_phase(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar
     result = correct = None
     if phase == "kl" and run.probe is not None:  # (no probe: --kl-every 0 on a resume; nothing to measure)
         result = kl_from_init(run.model, run.probe, run.sampling.temperature, run.backend)
+    elif phase == "after" and state.step == 0 and state.before is not None and state.heldout["before"] is not None:
+        result, correct = unchanged_after(state)
     elif phase in ("before", "eval", "after"):
         result, correct = heldout_eval(cfg, run, state.step, phase if phase != "eval" else None)
     with STOP.held():
@@ -116,6 +118,15 @@ def run_phase(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar
                 state.after, state.finished = ev, True
             record_outcomes(run, state, phase, correct)
         state.pending.pop(0)
+
+
+def unchanged_after(state: LoopState) -> tuple[dict, list[dict]]:
+    """The "after" evaluation of a run that took no step (`--max-steps 0`, or a time budget spent before the first):
+    the weights are those "before" evaluated, so its record and outcomes are "before"'s, not a second evaluation."""
+    ev = state.before
+    print(f"held-out after:  acc {ev['eval_acc']:.3f} +- {ev['eval_acc_se']:.3f} (n={ev['eval_n']}; no step was taken: "
+          "the weights evaluated before, not evaluated again)")  # fmt: skip
+    return {"step": 0, "event": "eval", **ev}, list(state.heldout["before"])
 
 
 def record_outcomes(run: Run, state: LoopState, phase: str | None = None, correct: list[bool] | None = None) -> None:
