@@ -38,9 +38,10 @@ def init_gloo(rank: int, world: int, port: int, timeout_s: float = GLOO_TIMEOUT_
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _traced(rank: int, fn, dump_after_s: float, *args) -> None:
-    """fn(rank, *args), and if it is still running after `dump_after_s` seconds, every thread's stack on stderr."""
-    faulthandler.dump_traceback_later(dump_after_s, exit=False)
+def _traced(rank: int, fn, dump_at: float, *args) -> None:
+    """fn(rank, *args), and if it is still running at `dump_at` (time.time(); at least half a second after it starts:
+    a worker slow to start still prints before it is killed), every thread's stack on stderr."""
+    faulthandler.dump_traceback_later(max(0.5, dump_at - time.time()), exit=False)
     try:
         fn(rank, *args)
     finally:
@@ -51,8 +52,8 @@ def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0) -> None:
     """Run fn(rank, *args) in nprocs fresh processes and wait for all of them; a worker's exception is raised here
     (as torch.multiprocessing.spawn raises it); past `timeout` seconds every worker is killed and the test fails (the
     ones still running print their stacks 10 s before)."""
-    dump_after = max(1.0, timeout - 10.0)
-    context = mp.start_processes(_traced, args=(fn, dump_after, *args), nprocs=nprocs, join=False, start_method="spawn")
+    dump_at = time.time() + max(1.0, timeout - 10.0)  # the same moment for every worker, however late it starts
+    context = mp.start_processes(_traced, args=(fn, dump_at, *args), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not context.join(timeout=max(0.0, deadline - time.monotonic())):
         if time.monotonic() >= deadline:
