@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
 # CI stage: the trainer as a user installs it. Builds the wheel from a copy of the checkout, installs it with the
-# [train] extra into a fresh venv (${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/wheel; torch==2.13.0 first, the CPU wheel),
-# then, from a directory outside the checkout (so nothing can come from the repository's files): the wheel holds no
-# top-level `train`, `sgrpo-train --help`, a one-step run of the tiny model that writes OUTPUT_DIR/model/ and loads
-# it back with from_pretrained, `sgrpo-train --config` of that run's config.json, `sgrpo-study --help` and
-# `sgrpo-bench --help`, and `sgrpo-bench cpu` and `ddp` (their worker processes must find the installed packages).
-# Self-contained: `bash .ci/stage_wheel.sh` from anywhere.
+# [train] extra into its own venv (${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/wheel: torch==2.13.0 first, the CPU wheel,
+# then the project's and the [train] extra's requirements, as pyproject.toml declares them; reused when complete, as
+# the other stages' venvs, with any sgrpo-kernels in it uninstalled first, so pip resolves the new wheel's own
+# requirements against it), then, from a directory outside the checkout (so nothing can come from the repository's
+# files): the wheel holds no top-level `train`, `sgrpo-train --help`, a one-step run of the tiny model that writes
+# OUTPUT_DIR/model/ and loads it back with from_pretrained, `sgrpo-train --config` of that run's config.json,
+# `sgrpo-study --help` and `sgrpo-bench --help`, and `sgrpo-bench cpu` and `ddp` (their worker processes must find the
+# installed packages). Self-contained: `bash .ci/stage_wheel.sh` from anywhere; `--venv-only` makes (or reuses) the
+# venv and stops there (.ci/stages.sh: the venv beside the main suite, the stage after it).
 set -euo pipefail
-t0=$(date +%s)
 repo=$(cd "$(dirname "$0")/.." && pwd)
-venv=${SGRPO_CI_VENVS:-/tmp/sgrpo-ci-venvs}/wheel
+source "$repo/.ci/venv.sh"
+stage_start wheel
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+want=$(requirements "$repo/pyproject.toml" train | tr '\n' ';')
+if reusable "$venv" "$want" transformers; then
+  echo "stage_wheel: reusing the venv at $venv"
+else
+  fresh_venv "the wheel's requirements"
+  mapfile -t reqs < <(requirements "$repo/pyproject.toml" train)
+  "$venv/bin/python" -m pip install -q "${reqs[@]}" 2> >(quiet)  # what `pip install "WHEEL[train]"` pulls
+  completed "$venv" "$want"
+fi
+venv_ready
+[ "${1:-}" = --venv-only ] && exit 0
 
 echo "stage_wheel: building the wheel"
 # a copy of the tracked (and new, not ignored) files: building in the checkout would leave build/ and *.egg-info there
@@ -31,11 +45,10 @@ for f in sgrpo_train/data/gsm8k_sample.jsonl sgrpo_sandbox/boot.py sgrpo_sandbox
   grep -qx "$f" <<<"$files" || { echo "stage_wheel: $f is not in the wheel" >&2; exit 1; }
 done
 
-echo "stage_wheel: built in $(( $(date +%s) - t0 )) s; installing it into a fresh venv at $venv"
-rm -rf "$venv"
-python -m venv "$venv"
-# one resolution, torch pinned: the local CPU wheel (a looser spec could pull a multi-GB CUDA build)
-"$venv/bin/python" -m pip install -q torch==2.13.0 "$wheel[train]" 2> >(grep -v "is ignored: it is neither" >&2)
+echo "stage_wheel: built at $(( $(date +%s) - t0 )) s; installing it into $venv"
+"$venv/bin/python" -m pip uninstall -q -y sgrpo-kernels 2>/dev/null || true  # a reused venv's earlier wheel
+# torch==2.13.0 pinned again: with it installed, pip keeps the local CPU wheel (a looser spec could pull a CUDA build)
+"$venv/bin/python" -m pip install -q torch==2.13.0 "$wheel[train]" 2> >(quiet)
 
 echo "stage_wheel: installed at $(( $(date +%s) - t0 )) s"
 cd "$work"  # outside the checkout
@@ -72,4 +85,4 @@ sgrpo-bench --help > help.txt && head -n 1 help.txt
 sgrpo-bench cpu --models smollm2-135m --tokens 32 --modes fwd --repeats 1 --warmup 0 --out "$work/bench/cpu"
 sgrpo-bench ddp --model tiny --steps 1 --prompts 2 --group-size 2 --eval-problems 2 --cores 2
 test -f "$work/runs/bench/ddp/ddp.md" && test -f "$work/bench/cpu.md"
-echo "stage_wheel: passed in $(( $(date +%s) - t0 )) s"
+stage_passed

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # CI: the main suite and the three stages that need an install of their own.
 #   bash .ci/stages.sh [COMMAND...]
-# COMMAND (the README's: `env TRITON_INTERPRET=1 python -m pytest -q`, the main suite) runs first, while the verl and
-# vLLM venvs are made (or checked for reuse) in the background, at nice 10: their downloads go on whatever the suite
-# does, and their unpacking takes only the CPU the suite leaves. A failing COMMAND stops everything with its exit status.
-# Then stage_wheel runs (the venvs go on being made if they are not ready), then the verl and vLLM stages' tests, one
-# after the other. Only the venvs' dependencies are installed in the background; each stage installs the checkout
-# itself later, under a lock (.ci/venv.sh, install_checkout), since that build writes into the checkout's folder.
-# A failed background build fails this script with its log. Self-contained: runs from anywhere.
+# COMMAND (the README's: `env TRITON_INTERPRET=1 python -m pytest -q`, the main suite) runs first, while the wheel,
+# verl and vLLM stages' venvs are made (or checked for reuse) in the background, at nice 10: their downloads go on
+# whatever the suite does, and their unpacking takes only the CPU the suite leaves. A failing COMMAND stops everything
+# with its exit status. Then each stage in turn (wheel, verl, vLLM) waits for its venv and runs its tests. Only the
+# venvs' dependencies are installed in the background; the verl and vLLM stages install the checkout itself later,
+# under a lock (.ci/venv.sh, install_checkout), since that build writes into the checkout's folder, and stage_wheel
+# installs the wheel it builds from a copy. A failed background build fails this script with its log.
+# Self-contained: runs from anywhere.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 logs=$(mktemp -d)
@@ -16,7 +17,7 @@ declare -A pids=()
 trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$logs"' EXIT
 t0=$(date +%s)
 
-for stage in verl vllm; do
+for stage in wheel verl vllm; do
   setsid nice -n 10 bash "$repo/.ci/stage_$stage.sh" --venv-only > "$logs/$stage.log" 2>&1 &
   pids[$stage]=$!
 done
@@ -24,9 +25,8 @@ if [ $# -gt 0 ]; then
   "$@"
   echo "stages: the main suite took $(( $(date +%s) - t0 )) s"
 fi
-bash "$repo/.ci/stage_wheel.sh"
 
-for stage in verl vllm; do
+for stage in wheel verl vllm; do
   if wait "${pids[$stage]}"; then
     cat "$logs/$stage.log"
   else
@@ -35,8 +35,7 @@ for stage in verl vllm; do
     exit 1
   fi
   unset "pids[$stage]"
+  echo "stages: the $stage venv ready at $(( $(date +%s) - t0 )) s"
+  bash "$repo/.ci/stage_$stage.sh"
 done
-echo "stages: both venvs ready at $(( $(date +%s) - t0 )) s"
-bash "$repo/.ci/stage_verl.sh"
-bash "$repo/.ci/stage_vllm.sh"
 echo "stages: all passed in $(( $(date +%s) - t0 )) s"
