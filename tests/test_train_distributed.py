@@ -196,14 +196,22 @@ def test_torchrun_failure_frees_the_ddp_model_before_destroying_the_group(tmp_pa
     probe = tmp_path / "probe.py"
     probe.write_text(
         textwrap.dedent("""
-        import gc, os, sys
+        import gc, os, sys, time
+        from pathlib import Path
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
         import train.step
         destroy = dist.destroy_process_group
+        here = Path(__file__).parent
         def counting_destroy(*args, **kwargs):
             live = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
             print(f"rank {os.environ['RANK']}: {live} DDP alive at destroy", file=sys.stderr, flush=True)
+            # no rank exits before both have counted: torchrun stops the others when the first one exits (under
+            # load a slower rank was stopped before it got here)
+            (here / f"destroy{os.environ['RANK']}").touch()
+            deadline = time.time() + 120
+            while not all((here / f"destroy{r}").exists() for r in (0, 1)) and time.time() < deadline:
+                time.sleep(0.05)
             return destroy(*args, **kwargs)
         def failing_update(*args, **kwargs):
             raise RuntimeError("injected step failure")
