@@ -16,13 +16,13 @@ stage_start wheel
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-want=$(requirements "$repo/pyproject.toml" train | tr '\n' ';')
+mapfile -t reqs < <(requirements "$repo/pyproject.toml" train)  # what `pip install "WHEEL[train]"` pulls
+want=$(printf '%s;' "${reqs[@]}")
 if reusable "$venv" "$want" transformers; then
   echo "stage_wheel: reusing the venv at $venv"
 else
   fresh_venv "the wheel's requirements"
-  mapfile -t reqs < <(requirements "$repo/pyproject.toml" train)
-  "$venv/bin/python" -m pip install -q "${reqs[@]}" 2> >(quiet)  # what `pip install "WHEEL[train]"` pulls
+  "$venv/bin/python" -m pip install -q "${reqs[@]}" 2> >(quiet)
   completed "$venv" "$want"
 fi
 venv_ready
