@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from procs import free_port, init_gloo, spawn
+from procs import spawn_gloo
 
 from sgrpo_kernels import LogProbs, linear_logprobs, logprobs_from_logits, sgrpo_loss
 from sgrpo_kernels.rl import preset
@@ -42,89 +42,85 @@ def _grads(out, inputs, g_logp, g_ent, return_entropy: bool):
     return torch.autograd.grad(loss, inputs)
 
 
-def _worker(rank: int, world: int, port: int, cases: list) -> None:
-    init_gloo(rank, world, port)
-    try:
-        for sizes, n, d, temperature, bias, return_entropy, seed, *head in cases:
-            hidden, weight, b, targets, g_logp, g_ent, offsets = _case(sizes, n, d, temperature, bias, seed)
-            lo, hi = offsets[rank], offsets[rank] + sizes[rank]
-            kw = dict(temperature=temperature, return_entropy=return_entropy, backend="torch")
-            if head:  # head options: (logit_scale, softcap), applied per shard like the rest of the row
-                kw |= dict(logit_scale=head[0], softcap=head[1])
-            what = f"sizes={sizes} T={temperature} bias={bias} entropy={return_entropy} rank={rank}"
+def _worker(rank: int, world: int, cases: list) -> None:
+    for sizes, n, d, temperature, bias, return_entropy, seed, *head in cases:
+        hidden, weight, b, targets, g_logp, g_ent, offsets = _case(sizes, n, d, temperature, bias, seed)
+        lo, hi = offsets[rank], offsets[rank] + sizes[rank]
+        kw = dict(temperature=temperature, return_entropy=return_entropy, backend="torch")
+        if head:  # head options: (logit_scale, softcap), applied per shard like the rest of the row
+            kw |= dict(logit_scale=head[0], softcap=head[1])
+        what = f"sizes={sizes} T={temperature} bias={bias} entropy={return_entropy} rank={rank}"
 
-            # reference: the unsharded op on the full head
-            h0, w0 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-            b0 = b.clone().requires_grad_() if bias else None
-            ref = linear_logprobs(h0, w0, targets, bias=b0, **kw)
-            ref_g = _grads(ref, [h0, w0] + ([b0] if bias else []), g_logp, g_ent, return_entropy)
+        # reference: the unsharded op on the full head
+        h0, w0 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        b0 = b.clone().requires_grad_() if bias else None
+        ref = linear_logprobs(h0, w0, targets, bias=b0, **kw)
+        ref_g = _grads(ref, [h0, w0] + ([b0] if bias else []), g_logp, g_ent, return_entropy)
 
-            h1 = hidden.clone().requires_grad_()
-            w1 = weight[lo:hi].clone().requires_grad_()
-            b1 = b[lo:hi].clone().requires_grad_() if bias else None
-            out = linear_logprobs(h1, w1, targets, bias=b1, process_group=dist.group.WORLD, **kw)
-            got_g = _grads(out, [h1, w1] + ([b1] if bias else []), g_logp, g_ent, return_entropy)
-            assert type(out) is LogProbs and out.max_logprob is None  # the unsharded op's result type
+        h1 = hidden.clone().requires_grad_()
+        w1 = weight[lo:hi].clone().requires_grad_()
+        b1 = b[lo:hi].clone().requires_grad_() if bias else None
+        out = linear_logprobs(h1, w1, targets, bias=b1, process_group=dist.group.WORLD, **kw)
+        got_g = _grads(out, [h1, w1] + ([b1] if bias else []), g_logp, g_ent, return_entropy)
+        assert type(out) is LogProbs and out.max_logprob is None  # the unsharded op's result type
 
-            torch.testing.assert_close(out[0], ref[0], rtol=1e-12, atol=1e-12, msg=f"logp {what}")
-            if return_entropy:
-                torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-12, msg=f"entropy {what}")
-            else:
-                assert out[1] is None
-            torch.testing.assert_close(got_g[0], ref_g[0], rtol=1e-10, atol=1e-12, msg=f"grad_hidden {what}")
-            torch.testing.assert_close(got_g[1], ref_g[1][lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_weight {what}")
-            if bias:
-                torch.testing.assert_close(got_g[2], ref_g[2][lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_bias {what}")
-            assert out[0][1] == 0 and got_g[0][0].abs().max() == 0  # ignored row; zero-gradient row
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-12, atol=1e-12, msg=f"logp {what}")
+        if return_entropy:
+            torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-12, msg=f"entropy {what}")
+        else:
+            assert out[1] is None
+        torch.testing.assert_close(got_g[0], ref_g[0], rtol=1e-10, atol=1e-12, msg=f"grad_hidden {what}")
+        torch.testing.assert_close(got_g[1], ref_g[1][lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_weight {what}")
+        if bias:
+            torch.testing.assert_close(got_g[2], ref_g[2][lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_bias {what}")
+        assert out[0][1] == 0 and got_g[0][0].abs().max() == 0  # ignored row; zero-gradient row
 
-            if head:
-                continue  # (logprobs_from_logits takes finished logits: no head options)
-            # logprobs_from_logits over the same logits, sharded
-            logits = hidden @ weight.T + (b if bias else 0)
-            l0 = logits.clone().requires_grad_()
-            ref = logprobs_from_logits(l0, targets, **kw)
-            (ref_gl,) = _grads(ref, [l0], g_logp, g_ent, return_entropy)
-            l1 = logits[:, lo:hi].clone().requires_grad_()
-            out = logprobs_from_logits(l1, targets, process_group=dist.group.WORLD, **kw)
-            (got_gl,) = _grads(out, [l1], g_logp, g_ent, return_entropy)
-            torch.testing.assert_close(out[0], ref[0], rtol=1e-12, atol=1e-12, msg=f"logits logp {what}")
-            if return_entropy:
-                torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-12, msg=f"logits entropy {what}")
-            torch.testing.assert_close(got_gl, ref_gl[:, lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_logits {what}")
+        if head:
+            continue  # (logprobs_from_logits takes finished logits: no head options)
+        # logprobs_from_logits over the same logits, sharded
+        logits = hidden @ weight.T + (b if bias else 0)
+        l0 = logits.clone().requires_grad_()
+        ref = logprobs_from_logits(l0, targets, **kw)
+        (ref_gl,) = _grads(ref, [l0], g_logp, g_ent, return_entropy)
+        l1 = logits[:, lo:hi].clone().requires_grad_()
+        out = logprobs_from_logits(l1, targets, process_group=dist.group.WORLD, **kw)
+        (got_gl,) = _grads(out, [l1], g_logp, g_ent, return_entropy)
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-12, atol=1e-12, msg=f"logits logp {what}")
+        if return_entropy:
+            torch.testing.assert_close(out[1], ref[1], rtol=1e-12, atol=1e-12, msg=f"logits entropy {what}")
+        torch.testing.assert_close(got_gl, ref_gl[:, lo:hi], rtol=1e-10, atol=1e-12, msg=f"grad_logits {what}")
 
-        # sgrpo_loss over the sharded head: the same loss on every rank, this rank's shard of the weight gradient
-        sizes = cases[0][0]
-        lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
-        g = torch.Generator().manual_seed(7)
-        b_, t_, d_ = 4, 5, 3
-        hidden = torch.randn(b_, t_, d_, generator=g, dtype=torch.float64)
-        weight = torch.randn(sum(sizes), d_, generator=g, dtype=torch.float64)
-        targets = torch.randint(0, sum(sizes), (b_, t_), generator=g)
-        mask = torch.rand(b_, t_, generator=g) > 0.2
-        adv = torch.randn(b_, generator=g, dtype=torch.float64)
-        cfg = preset("grpo_ef")  # entropy floor: the loss uses the entropies too
-        outs = []
-        for w_, group in ((weight, None), (weight[lo:hi], dist.group.WORLD)):
-            h_, w_ = hidden.clone().requires_grad_(), w_.clone().requires_grad_()
-            loss, _ = sgrpo_loss(h_, w_, targets, adv, mask, cfg, temperature=0.8, backend="torch",
-                                 process_group=group)  # fmt: skip
-            outs.append((loss, *torch.autograd.grad(loss, [h_, w_])))
-        torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-12, atol=1e-12)
-        torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(outs[1][2], outs[0][2][lo:hi], rtol=1e-10, atol=1e-12)
+    # sgrpo_loss over the sharded head: the same loss on every rank, this rank's shard of the weight gradient
+    sizes = cases[0][0]
+    lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    g = torch.Generator().manual_seed(7)
+    b_, t_, d_ = 4, 5, 3
+    hidden = torch.randn(b_, t_, d_, generator=g, dtype=torch.float64)
+    weight = torch.randn(sum(sizes), d_, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, sum(sizes), (b_, t_), generator=g)
+    mask = torch.rand(b_, t_, generator=g) > 0.2
+    adv = torch.randn(b_, generator=g, dtype=torch.float64)
+    cfg = preset("grpo_ef")  # entropy floor: the loss uses the entropies too
+    outs = []
+    for w_, group in ((weight, None), (weight[lo:hi], dist.group.WORLD)):
+        h_, w_ = hidden.clone().requires_grad_(), w_.clone().requires_grad_()
+        loss, _ = sgrpo_loss(h_, w_, targets, adv, mask, cfg, temperature=0.8, backend="torch",
+                             process_group=group)  # fmt: skip
+        outs.append((loss, *torch.autograd.grad(loss, [h_, w_])))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(outs[1][2], outs[0][2][lo:hi], rtol=1e-10, atol=1e-12)
 
-        # targets are checked against the global vocabulary, on every rank
-        v = sum(cases[0][0])
-        w = torch.randn(cases[0][0][rank], 3, dtype=torch.float64)
-        with pytest.raises(ValueError, match=f"out of range|\\[0, {v}\\)"):
-            linear_logprobs(torch.randn(2, 3, dtype=torch.float64), w, torch.tensor([0, v]),
-                            process_group=dist.group.WORLD, backend="torch")  # fmt: skip
-    finally:
-        dist.destroy_process_group()
+    # targets are checked against the global vocabulary, on every rank
+    v = sum(cases[0][0])
+    w = torch.randn(cases[0][0][rank], 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"out of range|\\[0, {v}\\)"):
+        linear_logprobs(torch.randn(2, 3, dtype=torch.float64), w, torch.tensor([0, v]),
+                        process_group=dist.group.WORLD, backend="torch")  # fmt: skip
 
 
 def _spawn(world: int, cases: list) -> None:
-    spawn(_worker, (world, free_port(), cases), nprocs=world)
+    spawn_gloo(_worker, (cases,), nprocs=world)
 
 
 def test_vocab_parallel_three_ranks_unequal_and_empty_shard():

@@ -7,8 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 import torch.multiprocessing as mp
-from procs import _traced, spawn
+from procs import _traced, spawn, spawn_gloo
+
+_KEPT = []
 
 
 def _rank1_hangs(rank: int, seconds: float) -> None:
@@ -44,3 +47,26 @@ def test_a_worker_still_running_at_its_dump_time_prints_its_stack(capfd):
 def test_a_workers_exception_is_raised():
     with pytest.raises(mp.ProcessRaisedException, match="rank 0 gave up"):
         spawn(_rank0_raises, (), nprocs=2, timeout=120)
+
+
+def _keeps_its_ddp_wrapper(rank: int, world: int) -> None:
+    _KEPT.append(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2)))
+
+
+def _raises_with_a_ddp_wrapper(rank: int, world: int) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))  # noqa: F841 (held by the frame)
+    raise ValueError(f"rank {rank} of {world} gave up")
+
+
+def test_a_ddp_wrapper_that_outlives_the_worker_fails_it_before_the_group_is_destroyed():
+    # a wrapper freed after destroy_process_group can hang the process at exit (procs.spawn_gloo): refused, named
+    refused = (mp.ProcessRaisedException, pytest.fail.Exception)  # (the latter if the process then hung at its exit)
+    with pytest.raises(refused, match=r"_keeps_its_ddp_wrapper \(rank 0\) left \['DistributedDataParallel'\] alive"):
+        spawn_gloo(_keeps_its_ddp_wrapper, (), nprocs=1, timeout=120)
+
+
+def test_a_failing_worker_s_frames_do_not_keep_its_wrapper_alive():
+    # the error is the worker's own, not the check's: its frames were cleared, the wrapper freed, the group destroyed
+    with pytest.raises(mp.ProcessRaisedException, match="rank 0 of 1 gave up") as info:
+        spawn_gloo(_raises_with_a_ddp_wrapper, (), nprocs=1, timeout=120)
+    assert "alive" not in str(info.value)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from procs import free_port, init_gloo, spawn
+from procs import spawn_gloo
 
 from sgrpo_kernels.rl import TrustRegion, project_step, step_norm
 
@@ -246,22 +246,18 @@ def _reference(delta: float):
     return tr.last, [p.detach().clone() for p in model.parameters()]
 
 
-def _ddp_worker(rank: int, world: int, port: int, out: str) -> None:
-    init_gloo(rank, world, port)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(_model())
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        tr = TrustRegion(opt, 0.05)
-        opt.zero_grad()
-        (_loss(model, seed=1 + rank) * world).backward()  # each rank its half; DDP averages
-        opt.step()
-        torch.save({"last": tr.last, "w": [p.detach() for p in model.parameters()]}, f"{out}/ddp{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, world: int, out: str) -> None:
+    model = torch.nn.parallel.DistributedDataParallel(_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    tr = TrustRegion(opt, 0.05)
+    opt.zero_grad()
+    (_loss(model, seed=1 + rank) * world).backward()  # each rank its half; DDP averages
+    opt.step()
+    torch.save({"last": tr.last, "w": [p.detach() for p in model.parameters()]}, f"{out}/ddp{rank}.pt")
 
 
 def test_ddp_every_rank_takes_the_same_decision(tmp_path):
-    spawn(_ddp_worker, (2, free_port(), str(tmp_path)), nprocs=2)
+    spawn_gloo(_ddp_worker, (str(tmp_path),), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"ddp{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["last"] == r1["last"] and r0["last"].projected
     assert all(torch.equal(a, b) for a, b in zip(r0["w"], r1["w"]))
@@ -277,59 +273,55 @@ def test_ddp_every_rank_takes_the_same_decision(tmp_path):
         torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
 
 
-def _sharded_worker(rank: int, world: int, port: int, out: str, how: str) -> None:
-    init_gloo(rank, world, port)
-    try:
-        full = _model()
-        g_model = _model()
-        _loss(g_model).backward()
-        grads = [p.grad for p in g_model.parameters()]
-        if how == "fsdp2":
-            from torch.distributed.fsdp import fully_shard
+def _sharded_worker(rank: int, world: int, out: str, how: str) -> None:
+    full = _model()
+    g_model = _model()
+    _loss(g_model).backward()
+    grads = [p.grad for p in g_model.parameters()]
+    if how == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
 
-            model = _model()
-            fully_shard(model)
-            opt = torch.optim.SGD(model.parameters(), lr=0.5)
-            tr = TrustRegion(opt, 0.05)
-            opt.zero_grad()
-            _loss(model).backward()  # FSDP2: every rank the same batch, reduce-scattered gradients (mean)
-            opt.step()
-            weights = [p.full_tensor().detach() for p in model.parameters()]
-        elif how == "dtensor":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor import Shard, distribute_tensor
+        model = _model()
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        tr = TrustRegion(opt, 0.05)
+        opt.zero_grad()
+        _loss(model).backward()  # FSDP2: every rank the same batch, reduce-scattered gradients (mean)
+        opt.step()
+        weights = [p.full_tensor().detach() for p in model.parameters()]
+    elif how == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
 
-            mesh = init_device_mesh("cpu", (world,))
-            params = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])) for p in full.parameters()]
-            for p, g in zip(params, grads):
-                p.grad = distribute_tensor(g, mesh, [Shard(0)])
-            opt = torch.optim.SGD(params, lr=0.5)
-            tr = TrustRegion(opt, 0.05)
-            opt.step()
-            weights = [p.full_tensor().detach() for p in params]
-        else:  # plain-tensor shards (FSDP1 flat parameters): rank r holds rows r::world of each flattened tensor
-            params = [torch.nn.Parameter(p.detach().reshape(-1)[rank::world].clone()) for p in full.parameters()]
-            for p, g in zip(params, grads):
-                p.grad = g.reshape(-1)[rank::world].clone()
-            opt = torch.optim.SGD(params, lr=0.5)
-            tr = TrustRegion(opt, 0.05, process_group=dist.group.WORLD)
-            opt.step()
-            weights = []
-            for p, q in zip(params, full.parameters()):
-                parts = [None] * world
-                dist.all_gather_object(parts, p.detach())  # (uneven shards)
-                flat = torch.empty(q.numel())
-                for r in range(world):
-                    flat[r::world] = parts[r]
-                weights.append(flat.reshape(q.shape))
-        torch.save({"last": tr.last, "w": weights}, f"{out}/{how}{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        mesh = init_device_mesh("cpu", (world,))
+        params = [torch.nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)])) for p in full.parameters()]
+        for p, g in zip(params, grads):
+            p.grad = distribute_tensor(g, mesh, [Shard(0)])
+        opt = torch.optim.SGD(params, lr=0.5)
+        tr = TrustRegion(opt, 0.05)
+        opt.step()
+        weights = [p.full_tensor().detach() for p in params]
+    else:  # plain-tensor shards (FSDP1 flat parameters): rank r holds rows r::world of each flattened tensor
+        params = [torch.nn.Parameter(p.detach().reshape(-1)[rank::world].clone()) for p in full.parameters()]
+        for p, g in zip(params, grads):
+            p.grad = g.reshape(-1)[rank::world].clone()
+        opt = torch.optim.SGD(params, lr=0.5)
+        tr = TrustRegion(opt, 0.05, process_group=dist.group.WORLD)
+        opt.step()
+        weights = []
+        for p, q in zip(params, full.parameters()):
+            parts = [None] * world
+            dist.all_gather_object(parts, p.detach())  # (uneven shards)
+            flat = torch.empty(q.numel())
+            for r in range(world):
+                flat[r::world] = parts[r]
+            weights.append(flat.reshape(q.shape))
+    torch.save({"last": tr.last, "w": weights}, f"{out}/{how}{rank}.pt")
 
 
 @pytest.mark.parametrize("how", ["dtensor", "plain_shards", "fsdp2"])
 def test_sharded_norm_is_the_norm_of_the_whole_step(tmp_path, how):
-    spawn(_sharded_worker, (2, free_port(), str(tmp_path), how), nprocs=2)
+    spawn_gloo(_sharded_worker, (str(tmp_path), how), nprocs=2)
     r0, r1 = (torch.load(tmp_path / f"{how}{r}.pt", weights_only=False) for r in (0, 1))
     assert r0["last"] == r1["last"]  # every rank measured the same whole norm
     ref_last, ref_w = _reference(0.05)
