@@ -16,13 +16,16 @@ declare -A pids=()
 # each background build in a process group of its own (setsid), so that stopping this script stops its pip too
 trap 'for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -rf "$logs"' EXIT
 t0=$(date +%s)
+# the machine, printed first and last (the last lines are what a CI summary keeps): plans for CI's time need it
+machine="$(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(awk '/MemTotal/{printf "%.0f", $2/1048576}' /proc/meminfo) GiB"
+echo "stages: on $machine"
 
 for stage in wheel verl vllm; do
   setsid nice -n 10 bash "$repo/.ci/stage_$stage.sh" --venv-only > "$logs/$stage.log" 2>&1 &
   pids[$stage]=$!
 done
 if [ $# -gt 0 ]; then
-  "$@"
+  "$@" || { rc=$?; echo "stages: the main suite failed (exit $rc) after $(( $(date +%s) - t0 )) s on $machine"; exit $rc; }
   echo "stages: the main suite took $(( $(date +%s) - t0 )) s"
 fi
 
@@ -38,4 +41,4 @@ for stage in wheel verl vllm; do
   echo "stages: the $stage venv ready at $(( $(date +%s) - t0 )) s"
   bash "$repo/.ci/stage_$stage.sh"
 done
-echo "stages: all passed in $(( $(date +%s) - t0 )) s"
+echo "stages: all passed in $(( $(date +%s) - t0 )) s on $machine"
