@@ -25,7 +25,8 @@ for stage in wheel verl vllm; do
   pids[$stage]=$!
 done
 if [ $# -gt 0 ]; then
-  "$@" || { rc=$?; echo "stages: the main suite failed (exit $rc) after $(( $(date +%s) - t0 )) s on $machine"; exit $rc; }
+  # the suite's 20 slowest tests are listed (pytest --durations) for the same reason
+  PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --durations=20" "$@" || { rc=$?; echo "stages: the main suite failed (exit $rc) after $(( $(date +%s) - t0 )) s on $machine"; exit $rc; }
   echo "stages: the main suite took $(( $(date +%s) - t0 )) s"
 fi
 
