@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import traceback
 from pathlib import Path
 
 import pytest
@@ -21,9 +19,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-import torch.distributed as dist  # noqa: E402
 from conftest import tiny_cfg  # noqa: E402
-from procs import free_port, init_gloo, spawn  # noqa: E402
+from procs import free_port, spawn_gloo  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS = "beta=0"  # grpo without KL: seq-mean-token-mean, which a mean over equal shares of groups reproduces exactly
@@ -48,24 +45,6 @@ SAME_BATCH = {
 # completion lengths of the 16 rows (4 groups of 4): the two ranks' halves hold 28 and 41 tokens
 LENGTHS = [6, 1, 3, 5, 2, 6, 4, 1, 6, 6, 5, 6, 4, 6, 6, 2]
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
-
-
-def _update(rank: int, world: int, port: int, out: str, result: str, name: str = "grpo_nokl") -> None:
-    """`_update_on` inside this rank's process group. The group is destroyed only after the DDP-wrapped model is
-    gone (it is local to `_update_on`): a reducer outliving the group hangs the process at exit
-    (train.distributed.shutdown)."""
-    torch.set_num_threads(1)
-    if world > 1:
-        init_gloo(rank, world, port)  # a collective that waits too long fails instead of hanging the test
-    try:
-        _update_on(rank, world, out, result, name)
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)  # a failure's frames would keep the DDP model alive
-        raise
-    finally:
-        if world > 1:
-            gc.collect()
-            dist.destroy_process_group()
 
 
 def _update_on(rank: int, world: int, out: str, result: str, name: str) -> None:
@@ -114,8 +93,9 @@ def test_two_process_update_equals_one_process_update(tmp_path, name):
     """2 gloo processes with 2 groups each make the update of 1 process with the 4 groups, for every aggregation:
     equal to 2e-6 of the largest change (the same fp32 sums in another order)."""
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    _update(0, 1, 0, str(tmp_path), str(one), name)
-    spawn(_update, (2, free_port(), str(tmp_path), str(two), name), nprocs=2)
+    torch.set_num_threads(1)  # as each spawned rank (init_gloo)
+    _update_on(0, 1, str(tmp_path), str(one), name)
+    spawn_gloo(_update_on, (str(tmp_path), str(two), name), nprocs=2)
     a, b = torch.load(one), torch.load(two)
     assert a.keys() == b.keys() and len(a) > 0
     scale = max(v.abs().max().item() for v in a.values())
