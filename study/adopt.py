@@ -3,7 +3,12 @@ checking that they are what that arm would run there (the same trainer configura
 and how the run was launched). A pre-registered study pairs new arms with published runs by seed this way
 (docs/study-v2-preregistration.md): e.g. the decisive study's `grpo_nokl_tr` runs, made with `--set lr=1.5e-4`, are
 the v2 study's `grpo_nokl_tr_lr1.5e-4` (an arm that sets its lr itself). The files are copied unchanged (git stores
-the same blobs once); the manifest entry is the source's, plus `adopted_from`."""
+the same blobs once); the manifest entry is the source's, plus `adopted_from`.
+
+A trainer field that is absent from a run's config.json (added to the trainer after the run was made) counts as equal
+when the arm leaves it at its default, and is named in the entry's `absent_at_source`. Whether that default computes
+what the older trainer computed is not shown by this check: that is what the tiny-model fingerprint and the
+reproduction gate are for (docs/study-v2-addendum-2026-11-29c.md)."""
 
 from __future__ import annotations
 
@@ -21,12 +26,24 @@ from .trainer import dumps
 LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")
 
 
+def _configs(run_dir: Path, spec: RunSpec) -> tuple[dict, dict, dict]:
+    """The run's trainer config, what `spec` would run, and the trainer's defaults, as their config.json holds them."""
+    config = spec.config()
+    want, defaults = (json.loads(dumps(dataclasses.asdict(c))) for c in (config, type(config)()))
+    return json.loads((run_dir / "config.json").read_text())["train"], want, defaults
+
+
+def absent_at_source(run_dir: Path, spec: RunSpec) -> list[str]:
+    """The fields `spec` leaves at their default that the run's config.json lacks (added to the trainer later)."""
+    have, want, defaults = _configs(run_dir, spec)
+    return sorted(k for k in set(want) - set(have) if want[k] == defaults.get(k))
+
+
 def config_differences(run_dir: Path, spec: RunSpec) -> list[str]:
     """The trainer fields whose value in the run's config.json differs from what `spec` would run (LAUNCH_FIELDS
-    left out), as "field: run's value != spec's value"."""
-    have = json.loads((run_dir / "config.json").read_text())["train"]
-    want = json.loads(dumps(dataclasses.asdict(spec.config())))
-    keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS))
+    and `absent_at_source` left out), as "field: run's value != spec's value"."""
+    have, want, _ = _configs(run_dir, spec)
+    keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS) - set(absent_at_source(run_dir, spec)))
     return [
         f"{k}: {have.get(k, '(absent)')!r} != {want.get(k, '(absent)')!r}" for k in keys if have.get(k) != want.get(k)
     ]
@@ -53,10 +70,14 @@ def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], ov
             raise ValueError(f"{run} is not what {dst_arm} runs under {overrides}: " + "; ".join(diff))
     keys = []
     for seed in seeds:
-        key = f"{dst_arm}/seed{seed}"
-        copy_run_files(src / "runs" / src_arm / f"seed{seed}", dst / "runs" / dst_arm / f"seed{seed}")
-        entry = source.get(f"{src_arm}/seed{seed}", {})
-        manifest["runs"][key] = {**entry, "arm": dst_arm, "adopted_from": f"{src.name}/{src_arm}/seed{seed}"}
+        key, run = f"{dst_arm}/seed{seed}", src / "runs" / src_arm / f"seed{seed}"
+        spec = RunSpec(arm, seed, dict(overrides), Path("work"), dst / "runs" / dst_arm / f"seed{seed}")
+        entry = {**source.get(f"{src_arm}/seed{seed}", {}), "arm": dst_arm}
+        entry["adopted_from"] = f"{src.name}/{src_arm}/seed{seed}"
+        if absent := absent_at_source(run, spec):
+            entry["absent_at_source"] = absent
+        copy_run_files(run, spec.result_dir)
+        manifest["runs"][key] = entry
         keys.append(key)
     manifest["arms"][dst_arm] = arm.as_dict()
     write_manifest(dst, manifest)

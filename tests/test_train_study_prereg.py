@@ -226,3 +226,28 @@ def test_adopt_checks_the_configuration_then_copies(tmp_path):
     with pytest.raises(ValueError, match="its overrides are"):
         adopt(src, "grpo_nokl_tr", dst, "grpo_nokl_tr_lr1.5e-4", [0], {**overrides, "max_steps": "5"})
     assert math.isfinite(json.loads((copied / "summary.json").read_text())["after"]["eval_acc"])
+
+
+def test_adopt_accepts_a_field_added_after_the_run_only_at_its_default(tmp_path):
+    # Phase 1's runs (made at the prereg tag) lack the sampler fields added since (top_k, min_p, tis_*): adopting
+    # them into phase 2 must not fail on a field the arm leaves at its default, and must say which ones were absent.
+    from study.adopt import adopt
+    from study.grid import REGIMES, RESEARCH_ARMS, RunSpec
+
+    overrides = REGIMES["decisive"]
+    spec = RunSpec(RESEARCH_ARMS["grpo_nokl_tr_lr2.5e-4"], 0, dict(overrides), Path("w"), Path("r"))
+    old = json.loads(json.dumps(dataclasses.asdict(spec.config())))
+    for name in ("top_k", "min_p"):
+        del old[name]
+    src = tmp_path / "v2-phase1"
+    _published(src, "grpo_nokl_tr_lr2.5e-4", 0, old)
+    dst = tmp_path / "v2-phase2"
+    assert adopt(src, "grpo_nokl_tr_lr2.5e-4", dst, "grpo_nokl_tr_lr2.5e-4", [0], overrides) == [
+        "grpo_nokl_tr_lr2.5e-4/seed0"
+    ]
+    entry = json.loads((dst / "manifest.json").read_text())["runs"]["grpo_nokl_tr_lr2.5e-4/seed0"]
+    assert entry["absent_at_source"] == ["min_p", "top_k"]
+    # an arm that sets such a field away from its default is not what the older run computed
+    with pytest.raises(ValueError, match=r"top_k: '\(absent\)' != 5"):
+        arm = "grpo_nokl_tr_lr2.5e-4"
+        adopt(src, arm, tmp_path / "other", arm, [0], {**overrides, "top_k": "5"})
