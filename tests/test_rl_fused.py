@@ -237,5 +237,5 @@ def test_on_logp_bad_returns_refused():
     cfg = rl.preset("grpo")
     for bad, words in [(lambda lp: [lp], ["on_logp must return a mapping", "list"]),
                        (lambda lp: {"weights": lp}, ["on_logp returned 'weights'", "token_weights"])]:  # fmt: skip
-        assert_refused(lambda: sgrpo_loss(hidden, weight, targets, adv, mask, cfg, ref_logp=ref, on_logp=bad),
+        assert_refused(lambda bad=bad: sgrpo_loss(hidden, weight, targets, adv, mask, cfg, ref_logp=ref, on_logp=bad),
                        TypeError, words)  # fmt: skip

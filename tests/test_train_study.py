@@ -460,9 +460,11 @@ def test_the_manifest_names_the_cpus_vector_isa():
     from study.runner import environment
     from train.run.machine import cpu_info, cpu_label
 
-    text = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    text = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+    text += "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
     text += "processor\t: 1\nmodel name\t: other\nflags\t\t: amx_bf16\n"  # the first processor's entry is the one
-    assert cpu_info(text) == {"cpu": "AMD EPYC", "family": "25", "model": "17", "isa": ["avx2", "avx512f", "avx512_bf16"]}
+    want = {"cpu": "AMD EPYC", "family": "25", "model": "17", "isa": ["avx2", "avx512f", "avx512_bf16"]}
+    assert cpu_info(text) == want
     assert cpu_info("")["isa"] == [] and cpu_info("")["family"] is None
     machine = environment()["machine"]
     assert {"cpu", "cores", "family", "model", "isa"} <= set(machine) and machine["isa"] == cpu_info()["isa"]

@@ -54,9 +54,10 @@ def _specs(arch: int, full: bool):
         for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):
             for split in (False, True):
                 for cap in (False, True) if i == 0 else (False,):
-                    add(f"fwd-{dt}-{i}-split{int(split)}{'-softcap' * cap}-truncate", forward._linear_logprobs_fwd_kernel,
-                        mm, dict(HAS_BIAS=True, SOFTCAP=cap, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split,
-                                 TRUNCATE=True, DOT_PRECISION="ieee"), cfg)  # fmt: skip
+                    name = f"fwd-{dt}-{i}-split{int(split)}{'-softcap' * cap}-truncate"
+                    add(name, forward._linear_logprobs_fwd_kernel, mm,
+                        dict(HAS_BIAS=True, SOFTCAP=cap, WITH_ENTROPY=True, WITH_STATS=True, SPLIT=split,
+                             TRUNCATE=True, DOT_PRECISION="ieee"), cfg)  # fmt: skip
         for cap in (False, True):
             tiles = configs.tile_configs(hopper, epilogue_heavy=True, fp32=f32, softcap=cap)
             for i, cfg in enumerate(tiles if full or dt == "bf16" else tiles[:1]):

@@ -132,8 +132,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     engine = make_engine(cfg, model, tok, device, ctx)
     if engine.name == "hf" and cfg.min_p and cfg.top_p < 1:
         raise Refused(
-            f"--min-p {cfg.min_p} with --top-p {cfg.top_p} under HF generate: HF applies min_p after top_p, vLLM and the "
-            "loss's log-probs before it, so the two would mean different supports; use one of them, or vLLM"
+            f"--min-p {cfg.min_p} with --top-p {cfg.top_p} under HF generate: HF applies min_p after top_p, vLLM "
+            "and the loss's log-probs before it, so the two would mean different supports; use one of them, or vLLM"
         )
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt

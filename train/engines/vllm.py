@@ -66,7 +66,9 @@ def engine_dtype(requested: str, device: torch.device) -> tuple[str, str]:
     native = [f for f in cpu_info()["isa"] if f in ("avx512_bf16", "amx_bf16")]
     if native:
         return "bfloat16", f"--vllm-dtype auto: this CPU computes bf16 natively ({', '.join(native)})"
-    return "float32", "--vllm-dtype auto: this CPU has no bf16 instructions (bf16 would be emulated, several times slower)"
+    return "float32", (
+        "--vllm-dtype auto: this CPU has no bf16 instructions (bf16 would be emulated, several times slower)"
+    )
 
 
 def vllm_installed() -> bool:
@@ -161,7 +163,8 @@ class VLLMEngine:
         self.dtype = dtype
         self.syncs = 0
         why = f"; {why}" if why else ""
-        print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}{why}) started in {time.time() - t0:.1f} s")
+        took = time.time() - t0
+        print(f"rollout engine: vLLM {vllm.__version__} ({dtype}, {device.type}{why}) started in {took:.1f} s")
 
     def generate(
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False,

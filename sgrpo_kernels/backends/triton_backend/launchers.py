@@ -147,7 +147,8 @@ def linear_logprobs_fwd(hidden, weight, targets, bias, opts: Options, threshold=
     b_arg = bias if bias is not None else weight
     thr, truncate = _threshold(threshold, logp)
     launch(
-        "fwd_truncate" if truncate else "fwd", _linear_logprobs_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), splits), hidden,
+        "fwd_truncate" if truncate else "fwd", _linear_logprobs_fwd_kernel,
+        lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), splits), hidden,
         INTERP_TILE,
         hidden, weight, b_arg, targets, thr, logp, ent if opts.return_entropy else logp,
         stats if opts.need_stats else logp,
