@@ -26,27 +26,19 @@ from .trainer import dumps
 LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")
 
 
-def _configs(run_dir: Path, spec: RunSpec) -> tuple[dict, dict, dict]:
-    """The run's trainer config, what `spec` would run, and the trainer's defaults, as their config.json holds them."""
+def compare_config(run_dir: Path, spec: RunSpec) -> tuple[list[str], list[str]]:
+    """(the trainer fields whose value in the run's config.json differs from what `spec` would run, as "field: run's
+    value != spec's value"; the fields the run lacks and `spec` leaves at their default, `absent_at_source`).
+    LAUNCH_FIELDS and the absent-at-default fields are not differences."""
     config = spec.config()
     want, defaults = (json.loads(dumps(dataclasses.asdict(c))) for c in (config, type(config)()))
-    return json.loads((run_dir / "config.json").read_text())["train"], want, defaults
-
-
-def absent_at_source(run_dir: Path, spec: RunSpec) -> list[str]:
-    """The fields `spec` leaves at their default that the run's config.json lacks (added to the trainer later)."""
-    have, want, defaults = _configs(run_dir, spec)
-    return sorted(k for k in set(want) - set(have) if want[k] == defaults.get(k))
-
-
-def config_differences(run_dir: Path, spec: RunSpec) -> list[str]:
-    """The trainer fields whose value in the run's config.json differs from what `spec` would run (LAUNCH_FIELDS
-    and `absent_at_source` left out), as "field: run's value != spec's value"."""
-    have, want, _ = _configs(run_dir, spec)
-    keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS) - set(absent_at_source(run_dir, spec)))
-    return [
+    have = json.loads((run_dir / "config.json").read_text())["train"]
+    absent = sorted(k for k in set(want) - set(have) if want[k] == defaults.get(k))
+    keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS) - set(absent))
+    diffs = [
         f"{k}: {have.get(k, '(absent)')!r} != {want.get(k, '(absent)')!r}" for k in keys if have.get(k) != want.get(k)
     ]
+    return diffs, absent
 
 
 def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], overrides: dict[str, str]) -> list[str]:
@@ -61,20 +53,22 @@ def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], ov
     if manifest.get("overrides") != overrides:
         raise ValueError(f"{dst}: its overrides are {manifest.get('overrides')}, these are {overrides}")
     source = (read_manifest(src) or {}).get("runs", {})
+    checked = []  # (seed, run, spec, absent_at_source) of every run, all checked before any is copied
     for seed in seeds:
         run = src / "runs" / src_arm / f"seed{seed}"
         if not is_finished(run):
             raise ValueError(f"{run}: not a finished run")
         spec = RunSpec(arm, seed, dict(overrides), Path("work"), dst / "runs" / dst_arm / f"seed{seed}")
-        if diff := config_differences(run, spec):
+        diff, absent = compare_config(run, spec)
+        if diff:
             raise ValueError(f"{run} is not what {dst_arm} runs under {overrides}: " + "; ".join(diff))
+        checked.append((seed, run, spec, absent))
     keys = []
-    for seed in seeds:
-        key, run = f"{dst_arm}/seed{seed}", src / "runs" / src_arm / f"seed{seed}"
-        spec = RunSpec(arm, seed, dict(overrides), Path("work"), dst / "runs" / dst_arm / f"seed{seed}")
+    for seed, run, spec, absent in checked:
+        key = f"{dst_arm}/seed{seed}"
         entry = {**source.get(f"{src_arm}/seed{seed}", {}), "arm": dst_arm}
         entry["adopted_from"] = f"{src.name}/{src_arm}/seed{seed}"
-        if absent := absent_at_source(run, spec):
+        if absent:
             entry["absent_at_source"] = absent
         copy_run_files(run, spec.result_dir)
         manifest["runs"][key] = entry
