@@ -11,9 +11,13 @@ from pathlib import Path
 
 from . import stats
 from .collapse import classify
-from .prereg import ALPHA, MARGIN, Plan
+from .prereg import ALPHA, MARGIN, Fisher, Plan
 from .results import read_heldout, read_records, read_summary
 from .stability import CollapseRules
+
+# A screen's threshold on a mean of held-out accuracies (multiples of 1/n_problems) is met in exact arithmetic when the
+# float mean lands within this of it: -0.10 from five k/500 differences can compute to -0.10000000000000002.
+ROUNDING = 1e-9
 
 
 def run_facts(run_dir: Path) -> dict:
@@ -22,9 +26,11 @@ def run_facts(run_dir: Path) -> dict:
     cfg = json.loads((run_dir / "config.json").read_text())["train"]
     records, summary = read_records(run_dir), read_summary(run_dir)
     c = classify(records, summary, CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"]))
-    clip = [r.get("clip_frac") for r in records if "event" not in r]
+    steps = [r for r in records if "event" not in r]
+    clip, step_s = [r.get("clip_frac") for r in steps], [r["step_s"] for r in steps if "step_s" in r]
     return {"after": summary["after"]["eval_acc"], "persistent": c["persistent"], "transient": c["transient"],
-            "clip_active": any(x is not None and x > 0 for x in clip), **_greedy_rates(run_dir)}  # fmt: skip
+            "clip_active": any(x is not None and x > 0 for x in clip),
+            "step_s": sum(step_s) / len(step_s) if step_s else math.nan, **_greedy_rates(run_dir)}  # fmt: skip
 
 
 def _greedy_rates(run_dir: Path) -> dict:
@@ -117,7 +123,7 @@ def _condition(cond: tuple, ctx: dict) -> tuple[bool | None, bool, str]:
             f"{target} 90% CI [{lo:+.3f}, {hi:+.3f}] inside +-{MARGIN:.2f}",
         )
     if kind == "mean_at_least":
-        return c["mean"] >= cond[2], c["interim"], f"{target} mean {c['mean']:+.3f} >= {cond[2]:+.2f}"
+        return c["mean"] >= cond[2] - ROUNDING, c["interim"], f"{target} mean {c['mean']:+.3f} >= {cond[2]:+.2f}"
     p = ctx["holm"].get(target, math.nan)
     if not math.isfinite(p):
         return None, True, f"{target}: not in the family (yet)"
@@ -136,11 +142,12 @@ def _decide(h, ctx: dict) -> dict:
     rules, decision, interim = [], None, False
     for rule in h.rules:
         read = [_condition(c, ctx) for c in rule.when]
-        holds = all(r[0] for r in read)
-        rules.append({"decision": rule.decision, "fires": bool(holds) and decision is None,
+        fires = all(r[0] for r in read) and decision is None
+        rules.append({"decision": rule.decision, "fires": fires,
                       "conditions": [{"holds": r[0], "interim": r[1], "text": r[2]} for r in read]})  # fmt: skip
-        interim |= any(r[1] for r in read)
-        if holds and decision is None:
+        if decision is None:  # the rules after the one that fired cannot change the decision
+            interim |= any(r[1] for r in read)
+        if fires:
             decision = rule.decision
     return {"key": h.key, "decision": decision, "not_run": False, "interim": interim, "rules": rules}
 
@@ -169,7 +176,15 @@ def evaluate(plan: Plan, data: dict[str, dict[int, dict]]) -> dict:
                if _in_family(f, ctx["fired"])]  # fmt: skip
     tested = [(k, p, i) for k, p, i in family if math.isfinite(p)]
     ctx["holm"] = dict(zip([k for k, _, _ in tested], stats.holm([p for _, p, _ in tested])))
-    ctx["family_interim"] = any(i for _, _, i in family) or len(tested) < len(family)
+    # the family is complete only when every test in it is, and every screen that admits tests to it has decided
+    gates = {x.requires[0] for x in (*plan.contrasts, *plan.fishers) if x.requires is not None}
+    ctx["family_interim"] = (any(i for _, _, i in family) or len(tested) < len(family)
+                             or any(ctx["interim_of"].get(g, True) for g in sorted(gates)))  # fmt: skip
+    for x in (*plan.contrasts, *plan.fishers):  # a test whose screen has decided against it is not run
+        if x.requires is not None:
+            out = fishers[x.key] if isinstance(x, Fisher) else contrasts[x.key]
+            h, rule = x.requires
+            out["not_run"] = None if ctx["interim_of"].get(h, True) or ctx["fired"].get(h) == rule else h
     decisions = _decide_all(plan, ctx)
     return {"plan": plan.name, "contrasts": contrasts, "fishers": fishers, "holm": ctx["holm"],
             "family": [k for k, _, _ in family], "family_interim": ctx["family_interim"],
@@ -224,6 +239,9 @@ def _tests_tables(result: dict) -> list[str]:
              "| key | contrast | seeds / planned | mean | 95% CI (t) | 90% CI (t) | p (t) | p (Holm) | MDD (t) |",
              "|" + "---|" * 9]  # fmt: skip
     for c in result["contrasts"].values():
+        if c.get("not_run"):
+            lines.append(f"| {c['key']} | {c['what']} | not run: {c['not_run']} did not pass |" + " |" * 6)
+            continue
         seeds = f"{len(c['seeds'])} / {c['planned']}" + (" (interim)" if c["interim"] else "")
         p_holm = _p(holm.get(c["key"], math.nan))
         lines.append(f"| {c['key']} | {c['what']} | {seeds} | {_f(c['mean'])} | {_ci(c['ci95'])} | {_ci(c['ci90'])} "
@@ -231,6 +249,9 @@ def _tests_tables(result: dict) -> list[str]:
     lines += ["", "### Persistent collapse: Fisher's exact test", "",
               "| key | what | arm | baseline | p | p (Holm) |", "|" + "---|" * 6]  # fmt: skip
     for f in result["fishers"].values():
+        if f.get("not_run"):
+            lines.append(f"| {f['key']} | {f['what']} | not run: {f['not_run']} did not pass |" + " |" * 3)
+            continue
         mark = " (interim)" if f["interim"] else ""
         lines.append(
             f"| {f['key']} | {f['what']} | {f['events'][0]}/{f['events'][1]} | {f['base_events'][0]}/"
@@ -248,9 +269,13 @@ def _decision_lines(plan: Plan, result: dict) -> list[str]:
             lines.append(f"{head} Not decided: it needs its screen's rule to fire"
                          + (" (the screen is interim)." if d["interim"] else ", which did not."))  # fmt: skip
             continue
+        screened = [a for a, ((key, _), _) in plan.extend.items() if key == d["key"]]  # arms this rule extends
         if d["interim"]:
             now = d["decision"] or "no rule"
             lines.append(f"{head} **INTERIM, not a decision**: on the runs so far, {now} would fire.")
+        elif d["decision"] is None and screened:
+            stays = "; ".join(f"{a} does not pass and stays at seeds {_seeds(plan.arms[a])}" for a in screened)
+            lines.append(f"{head} **Decision: no rule fired: {stays}.**")
         else:
             verdict = f"rule fired: {d['decision']}" if d["decision"] else "inconclusive: no rule fired"
             lines.append(f"{head} **Decision: {verdict}.**")
@@ -261,17 +286,37 @@ def _decision_lines(plan: Plan, result: dict) -> list[str]:
     return lines
 
 
+def _seeds(seeds: tuple[int, ...]) -> str:
+    run = list(seeds) == list(range(seeds[0], seeds[-1] + 1))
+    return f"{seeds[0]}-{seeds[-1]}" if run else ",".join(map(str, seeds))
+
+
+def _compute_table(plan: Plan, data: dict, manifest: dict) -> list[str]:
+    """A screen's arms side by side in cost: the mean step time over each arm's runs and their mean wall time (the
+    manifest's, which sums a resumed run's processes); every arm of a plan runs the same steps and completions."""
+    walls = {k: e.get("wall_s") for k, e in (manifest.get("runs") or {}).items()}
+    lines = ["### Compute per arm (the same steps and completions in every arm)", "",
+             "| arm | runs | step s (mean) | wall min per run (mean, manifest) |", "|" + "---|" * 4]  # fmt: skip
+    for arm in plan.arms:
+        runs = data.get(arm, {})
+        step = [r["step_s"] for r in runs.values() if math.isfinite(r.get("step_s", math.nan))]
+        wall = [walls[k] / 60 for s in runs if isinstance(walls.get(k := f"{arm}/seed{s}"), int | float)]
+        lines.append(f"| {arm} | {len(runs)} | {_f(sum(step) / len(step), '.2f') if step else 'n/a'} | "
+                     f"{_f(sum(wall) / len(wall), '.1f') if wall else 'n/a'} |")  # fmt: skip
+    return lines
+
+
 def interim_banner(result: dict) -> str:
     """The line study.md of a pre-registered study opens with while some planned run is missing ("" after)."""
     done = sum(a["runs"] for a in result["arms"].values())
     planned = sum(a["planned"] for a in result["arms"].values())
     if done >= planned:
         return ""
-    return (f"**INTERIM: {done} of {planned} planned runs finished** (plan `{result['plan']}`): every table below "
-            "reads fewer seeds than planned; no pre-registered decision is final.\n\n")  # fmt: skip
+    return (f"**INTERIM: {done} of {planned} planned runs finished** (plan `{result['plan']}`): a reading marked "
+            "interim below rests on fewer seeds than planned, and a decision marked so is not final.\n\n")  # fmt: skip
 
 
-def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
+def plan_markdown(plan: Plan, result: dict, data: dict, manifest: dict | None = None) -> str:
     """study.md's section of a pre-registered study: runs and collapse per arm, the contrasts and Fisher tests with
     their Holm-adjusted p, and for each hypothesis the rule that fired (or INTERIM / inconclusive)."""
     done = sum(a["runs"] for a in result["arms"].values())
@@ -293,6 +338,9 @@ def plan_markdown(plan: Plan, result: dict, data: dict) -> str:
         + ".",
         "",
     ]
-    lines += _arm_table(plan, result, data) + [""] + _tests_tables(result) + ["", "### Decisions", ""]
+    lines += _arm_table(plan, result, data) + [""] + _tests_tables(result) + [""]
+    if plan.extend:  # a screen: what each method cost beside the others (section 4.1 of the plan)
+        lines += _compute_table(plan, data, manifest or {}) + [""]
+    lines += ["### Decisions", ""]
     lines += _decision_lines(plan, result)
     return "\n".join(lines) + "\n"

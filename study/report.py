@@ -281,7 +281,7 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
         write_heldout_csv(study_dir / "study_heldout.csv", tests, contrasts, multiplicity)
     if decided is not None:
         title, _, rest = text.partition("\n\n")
-        text = f"{title}\n\n{interim_banner(decided)}{rest}" + plan_markdown(plan, decided, data)
+        text = f"{title}\n\n{interim_banner(decided)}{rest}" + plan_markdown(plan, decided, data, manifest)
     write_file(study_dir / "study.md", text)
     if figure:
         plot_study(study_dir, list(aggs), regime, study_dir / "study.png")
