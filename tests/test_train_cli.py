@@ -455,3 +455,20 @@ def test_explicit_flag_equal_to_the_default_beats_the_run_preset():
     assert parse_args(["--run-preset", "smoke"])[0].max_steps != default_steps
     assert parse_args(["--run-preset", "smoke", "--max-steps", str(default_steps)])[0].max_steps == default_steps
     assert parse_args(["--run-preset", "smoke", "--max_steps", str(default_steps)])[0].max_steps == default_steps
+
+
+def test_help_and_errors_name_the_command_a_user_types(capsys):
+    # the parser moved into train/config/ and named itself after that package: `python -m train.config`, a command
+    # that does not exist, in --help's usage line and in every refusal; and its precedence left out --config
+    from train.config.cli import build_parser
+
+    parser = build_parser()
+    assert parser.prog == "python -m train"
+    assert parser.format_usage().startswith("usage: python -m train [--config FILE]")
+    assert "a flag you type > --config FILE > --run-preset > the dataclass default" in " ".join(
+        parser.format_help().split()
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["--max-steps", "-3"])
+    err = capsys.readouterr().err
+    assert "python -m train: error: argument --max-steps" in err and "train.config" not in err

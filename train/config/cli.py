@@ -114,11 +114,11 @@ USAGE = "%(prog)s [--config FILE] [--run-preset NAME] [--FLAG VALUE ...] [--loss
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sgrpo-train" if Path(sys.argv[0]).name == "sgrpo-train" else f"python -m {__package__}",
+        prog="sgrpo-train" if Path(sys.argv[0]).name == "sgrpo-train" else f"python -m {__package__.split('.')[0]}",
         usage=USAGE,
         description="GRPO-family RL (S-GRPO, GTPO, GRPO, ...) of a causal LM on verifiable tasks. Every TrainConfig "
         "field is a flag (train/config/; --max_steps works like --max-steps). Numbers must be finite. Precedence: "
-        "a flag you type > --run-preset > the dataclass default.",
+        "a flag you type > --config FILE > --run-preset > the dataclass default.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=30),
         allow_abbrev=False,
     )
