@@ -166,6 +166,8 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         ({"sgrpo_loss": "epsilon_low=5"}, ["sgrpo_loss", "epsilon_low=5", ">= 0.0", "< 1.0"]),
         ({"sgrpo_loss": "entropy_fliter=ln2"}, ["sgrpo_loss", "entropy_fliter", "unknown LossConfig field"]),
         ({"sgrpo_loss": "entropy_filter=adaptive"}, ["entropy_filter='adaptive'"]),
+        # it failed at the first step instead (the loss gets no rewards or group size from TRL's micro-batches)
+        ({"sgrpo_loss": "entropy_filter=coverage"}, ["entropy_filter='coverage'", "whole groups"]),
         ({"sgrpo_preset": "ppo"}, ["sgrpo_preset='ppo'", "expected one of", "s_grpo"]),
         ({"sgrpo_preset": "grpo"}, ["beta=0.04", "GRPOConfig beta=0.0"]),
     ],

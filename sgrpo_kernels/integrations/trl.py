@@ -163,11 +163,11 @@ def loss_config(args: SGRPOConfig) -> LossConfig | None:
         cfg = preset_with(args.sgrpo_preset, args.sgrpo_loss)
     except (TypeError, ValueError) as exc:
         raise ValueError(_refusal(args, exc)) from None
-    if cfg.entropy_filter == "adaptive":
+    if cfg.entropy_filter in ("adaptive", "coverage"):  # per-group thresholds from the group's rewards
         raise ValueError(
-            f"SGRPOConfig: entropy_filter='adaptive' needs each training micro-batch to hold whole groups with their "
-            f"rewards; TRL shuffles and splits the groups. Use entropy_filter='ln2', a number or 'quantile:q' "
-            f"(preset {cfg.name!r})"
+            f"SGRPOConfig: entropy_filter={cfg.entropy_filter!r} needs each training micro-batch to hold whole groups "
+            f"with their rewards; TRL shuffles and splits the groups. Use entropy_filter='ln2', a number or "
+            f"'quantile:q' (preset {cfg.name!r})"
         )
     if (cfg.beta != 0) != (args.beta != 0):
         raise ValueError(
