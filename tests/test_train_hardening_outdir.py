@@ -55,6 +55,22 @@ def test_foreign_files_in_the_output_folder_are_refused_not_destroyed(tmp_path, 
     assert snapshot(out) == before  # nothing touched, nothing added
 
 
+@pytest.mark.parametrize("theirs", ["metrics.jsonl", "summary.json"])
+def test_another_tools_metrics_do_not_make_a_folder_a_run_to_overwrite(tmp_path, capsys, theirs):
+    # a folder without a manifest but with a non-empty metrics.jsonl (or a summary.json) counted as a run written
+    # before manifests, and --overwrite deleted every name the trainer writes: the user's model/ and config.json too
+    out = tmp_path / "theirs"
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "pytorch_model.bin").write_bytes(b"their model")
+    (out / "config.json").write_text('{"theirs": true}')
+    (out / theirs).write_text('{"loss": 1.0}\n')
+    before = snapshot(out)
+    assert run(out, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "no run of this trainer wrote" in err and "model/" in err and theirs in err, err
+    assert snapshot(out) == before
+
+
 def test_a_folder_with_other_files_is_used_and_they_are_kept(tmp_path):
     out = tmp_path / "run"
     out.mkdir()

@@ -20,7 +20,7 @@ from sgrpo_kernels.rl import LossConfig
 
 from ..config import RESUME_SAFE, TrainConfig
 from ..errors import Refused
-from ..run.checkpoint import STATE_FILE, read_checkpoint
+from ..run.checkpoint import STATE_FILE, CheckpointError, read_checkpoint
 from ..run.files import MANIFEST, OWNER, read_manifest, read_text
 from ..run.metrics import write_json
 
@@ -115,6 +115,16 @@ def describe_existing(out_dir: Path) -> str | None:
         return "a run" + (" with a checkpoint" if ckpt.exists() else " without a checkpoint")
 
 
+def _own_checkpoint(file: Path) -> bool:
+    """Whether `file` is a checkpoint this trainer reads (a run written before manifests is told so from other
+    files: a metrics.jsonl or summary.json alone may be any tool's)."""
+    try:
+        read_checkpoint(file)
+    except (FileNotFoundError, CheckpointError):
+        return False
+    return True
+
+
 def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
     """Call with the directory's lock held. --resume: the checkpoint (read and checked, weights_only), refused when
     its configuration differs from `cfg` / `loss_cfg` beyond RESUME_SAFE. A fresh run: refused when OUTPUT_DIR already
@@ -149,8 +159,8 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
             write_manifest(out_dir)
         return ckpt
     existing = describe_existing(out_dir)
-    if existing is None and manifest is None:
-        _refuse_foreign(out_dir)
+    if manifest is None and (existing is None or not _own_checkpoint(ckpt_file)):
+        _refuse_foreign(out_dir)  # without a manifest, only a checkpoint of this trainer makes a run its own
     if existing is not None:
         if not cfg.overwrite:
             raise Refused(
@@ -159,7 +169,8 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
             )
         print(f"--overwrite: deleting {existing} in {out_dir}")
     if cfg.overwrite:
-        owned = set(manifest["files"]) if manifest is not None else {*RUN_FILES, *RUN_DIRS}  # (before manifests)
+        owned = set(manifest["files"]) if manifest is not None else {*RUN_FILES, *RUN_DIRS}  # (before manifests,
+        # with its checkpoint)
         for name in RUN_FILES:
             if name in owned:
                 (out_dir / name).unlink(missing_ok=True)
