@@ -194,3 +194,50 @@ def test_math_task_uses_math_verify_when_installed(monkeypatch):
     assert correctness_reward("\\boxed{\\sqrt{1/4}}", "1/2") == 0.0  # other tasks: never math-verify
     data = make_task("math", data_path=str(Path(rewards.__file__).parent / "data" / "math_sample.jsonl"))
     assert isinstance(data.heldout(1, 0)[0].answer, MathAnswer)
+
+
+def test_builtin_correctness_grades_a_jsonl_row_as_its_task_does(tmp_path, user):
+    # `--reward correctness` on --task jsonl read the row's raw `answer` text ("... #### 7"): every completion scored 0
+    # while the task counted it correct; a row with only a MATH `solution` failed ("missing ... 'answer'")
+    import torch
+
+    from train.batch import Batch
+    from train.features.user_reward import UserReward, problem_fields
+
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text("".join(json.dumps({"question": f"What is {a} + 3?", "answer": f"{a} + 3 = {a + 3}. #### {a + 3}"})
+                           + "\n" for a in range(4)))  # fmt: skip
+    math_rows = tmp_path / "math.jsonl"
+    math_rows.write_text("".join(json.dumps({"problem": f"Compute {a} * 2.", "solution": f"So \\boxed{{{2 * a}}}."})
+                                 + "\n" for a in range(1, 5)))  # fmt: skip
+    for data in (gsm, math_rows):
+        problem = make_task("jsonl", data_path=str(data), heldout_frac=0.5).heldout(1, 0)[0]
+        right = f"The answer is {problem.answer}."
+        assert correctness_reward(right, problem.answer) == 1.0  # the task's own grading
+        n = 2
+        batch = Batch(torch.zeros(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool),
+                      torch.zeros(n, 1, dtype=torch.long), torch.ones(n, 1, dtype=torch.bool), [right, "no idea"],
+                      torch.zeros(n), torch.zeros(n, dtype=torch.bool))  # fmt: skip
+        feature = UserReward(RewardFunctions("correctness=2"), group_size=n, format_weight=0.0)
+        assert feature.rescore(batch, [problem]).rewards.tolist() == [2.0, 0.0]
+        feature.functions.check(problem.prompt, problem_fields(problem), problem.answer)  # accepted before training
+    # a row without an answer has nothing for `correctness` to compare with: refused before training, not a silent 0
+    _, data = user
+    problem = make_task("jsonl", data_path=str(data), heldout_frac=0.25, reward="correctness,user_rewards:target_hit"
+                        ).heldout(1, 0)[0]  # fmt: skip
+    with pytest.raises(RewardError, match="no answer .* to grade against"):
+        RewardFunctions("correctness,user_rewards:target_hit").check(problem.prompt, problem_fields(problem),
+                                                                     problem.answer)  # fmt: skip
+
+
+def test_a_reward_module_that_exits_on_import_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    # a module that parses its own arguments (or calls sys.exit) at import stopped the trainer with its exit status
+    # and no word of why
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--reward", "exits_on_import:f"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'exits_on_import:f'" in err and "importing 'exits_on_import' failed: SystemExit: 3" in err, err

@@ -251,6 +251,15 @@ def _builtin_correctness(completions: list[str], answer: list, **_) -> list[floa
     return correctness_rewards(completions, answer)
 
 
+def _task_correctness(completions: list[str], truths: list) -> list[float]:
+    """The built-in `correctness` against each problem's ground truth as its task grades it (a JSONL row's answer as
+    extracted from "... #### 42" or a MATH solution, not the row's raw text)."""
+    if any(isinstance(t, RowAnswer) and t.grader is not None for t in truths):
+        raise RewardError("reward 'correctness': a row has no answer (answer/solution) to grade against; give every "
+                          "row one, or leave correctness out of --reward")  # fmt: skip
+    return correctness_rewards(completions, truths)
+
+
 def _builtin_format(completions: list[str], **_) -> list[float]:
     return [format_reward(c) for c in completions]
 
@@ -301,7 +310,7 @@ def load_reward_function(name: str):
     except ImportError as exc:
         raise RewardError(f"reward {name!r}: cannot import module {module_name!r} ({exc}); it must be importable "
                           "from the current directory or the Python path") from None  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 -- the user's module failed while importing
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's module failed (or exited) while importing
         raise RewardError(f"reward {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, function, None)
     if fn is None:
@@ -352,8 +361,10 @@ class RewardFunctions:
         self.functions = [(name, load_reward_function(name), w) for name, w in self.refs]
         self._last: tuple | None = None  # (key, result): the training step scores a batch once, whoever asks
 
-    def __call__(self, completions: list[str], prompts: list[str], rows: list[dict]) -> list[float]:
-        """The weighted sum per completion (rows[i]: completion i's problem fields)."""
+    def __call__(self, completions: list[str], prompts: list[str], rows: list[dict], truths: list | None = None
+                 ) -> list[float]:  # fmt: skip
+        """The weighted sum per completion (rows[i]: completion i's problem fields; truths[i], when given: its
+        problem's ground truth, which the built-in `correctness` grades against; else the rows' `answer`)."""
         key = (tuple(completions), tuple(map(id, rows)))
         if self._last is not None and self._last[0] == key:
             return self._last[1]
@@ -363,7 +374,10 @@ class RewardFunctions:
         columns["prompts"] = list(prompts)
         total = [0.0] * len(completions)
         for name, fn, w in self.functions:
-            values = _call_user(name, fn, completions, columns)
+            if name == "correctness" and truths is not None:
+                values = _task_correctness(completions, truths)
+            else:
+                values = _call_user(name, fn, completions, columns)
             if not isinstance(values, (list, tuple)) or len(values) != len(completions):
                 got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
                 raise RewardError(f"reward {name!r}: returned {got}; expected a list of {len(completions)} floats")
@@ -382,9 +396,9 @@ class RewardFunctions:
         self._last = (key, total)
         return total
 
-    def check(self, prompt: str, row: dict) -> None:
+    def check(self, prompt: str, row: dict, truth=None) -> None:
         """Call every function on two completions of a real problem (the empty one and "0"), so that a wrong signature,
         return type or length, or a non-finite value is refused before training; RewardError if any fails."""
         self._last = None
-        self(["", "0"], [prompt] * 2, [row] * 2)
+        self(["", "0"], [prompt] * 2, [row] * 2, None if truth is None else [truth] * 2)
         self._last = None

@@ -35,7 +35,8 @@ class UserReward(Feature):
         g = self.group_size
         rows = [problem_fields(problems[i // g]) for i in range(len(batch.texts))]
         prompts = [problems[i // g].prompt for i in range(len(batch.texts))]
-        rewards = torch.tensor(self.functions(batch.texts, prompts, rows), dtype=torch.float64)
+        truths = [problems[i // g].answer for i in range(len(batch.texts))]
+        rewards = torch.tensor(self.functions(batch.texts, prompts, rows, truths), dtype=torch.float64)
         if self.format_weight:
             rewards += self.format_weight * torch.tensor([format_reward(t) for t in batch.texts], dtype=torch.float64)
         return dataclasses.replace(batch, rewards=rewards.to(batch.rewards.dtype))
@@ -48,7 +49,7 @@ def from_run(cfg, run) -> UserReward | None:
     functions = grader if isinstance(grader, RewardFunctions) else RewardFunctions(cfg.reward)
     first = run.heldout[0]  # a real problem (the held-out set is never empty)
     try:
-        functions.check(first.prompt, problem_fields(first))
+        functions.check(first.prompt, problem_fields(first), first.answer)
     except RewardError as exc:
         raise Refused(f"--reward: {exc}") from None
     return UserReward(functions, cfg.group_size, cfg.format_reward_weight)
