@@ -293,3 +293,14 @@ def test_a_full_disk_at_the_summary_says_what_is_saved(tmp_path, monkeypatch, ca
     monkeypatch.undo()
     assert run(out, "--resume", "--max-steps", "2") == 0  # nothing left to train: the summary is written
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/sub"])
+def test_an_output_dir_that_cannot_be_a_folder_is_refused_naming_it(tmp_path, capsys, where):
+    # was a FileExistsError / NotADirectoryError traceback (exit 1) from the lock's mkdir
+    (tmp_path / "a_file").write_text("not a folder")
+    assert run(tmp_path / where) == 2
+    err = capsys.readouterr().err
+    assert f"--output-dir {tmp_path / where}" in err and "Traceback" not in err, err
+    assert ("is a file, not a folder" if where == "a_file" else "cannot be made") in err, err
+    assert (tmp_path / "a_file").read_text() == "not a folder"

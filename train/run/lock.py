@@ -72,14 +72,22 @@ class RunLock:
             if exc.errno == errno.ELOOP or os.path.islink(self.path):
                 raise Refused(f"{self.path} is a symbolic link: the trainer never writes through a link in its "
                               "output folder; remove it, or use another --output-dir") from None  # fmt: skip
-            raise
+            if isinstance(exc, FileExistsError):  # O_EXCL: the pid-file lock is held (the caller's to judge)
+                raise
+            raise Refused(f"--output-dir {self.path.parent}: cannot open the run's lock file {self.path.name} there "
+                          f"({exc.strerror or exc}); use a folder this user can write") from None  # fmt: skip
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise Refused(f"{self.path} is not a regular file; remove it, or use another --output-dir")
         return fd
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in its place or on its path, no permission, a read-only filesystem
+            why = exc.strerror or exc
+            what = "is a file, not a folder" if self.path.parent.is_file() else f"cannot be made ({why})"
+            raise Refused(f"--output-dir {self.path.parent} {what}; use another --output-dir") from None
         if fcntl is not None:
             try:
                 return self._acquire_flock()
