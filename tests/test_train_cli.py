@@ -472,3 +472,31 @@ def test_help_and_errors_name_the_command_a_user_types(capsys):
         parse_args(["--max-steps", "-3"])
     err = capsys.readouterr().err
     assert "python -m train: error: argument --max-steps" in err and "train.config" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # each was a traceback after the model had loaded (exit 1), not a refusal when the flags are parsed
+        (["--task", "jsonl"], ["--data-path", "task='jsonl'", "--data FILE.jsonl"]),
+        (["--prompt-template", "{question:d}"], ["--prompt-template", "Unknown format code 'd'"]),
+    ],
+)
+def test_a_task_that_cannot_run_is_refused_when_parsed(capsys, argv, words):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+
+
+def test_gsm8k_without_data_or_hub_is_a_refusal_not_a_traceback(monkeypatch):
+    from train.errors import Refused
+    from train.tasks import jsonl, make_task
+
+    def offline(name):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nand more")
+
+    monkeypatch.setattr(jsonl, "_datasets_to_jsonl", offline)
+    with pytest.raises(Refused, match=r"task='gsm8k' needs --data-path FILE.jsonl .* Couldn't reach 'openai/gsm8k'"):
+        make_task("gsm8k")

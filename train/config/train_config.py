@@ -275,6 +275,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             check_field(f.name, getattr(self, f.name), type(self))
+        if self.task == "jsonl" and self.data_path is None:  # (gsm8k and math can fetch theirs)
+            raise ConfigError("data_path", "task='jsonl' trains on your rows: give them with --data FILE.jsonl")
         if self.data_path is not None and self.task not in data_tasks():
             raise ConfigError(
                 "data_path",

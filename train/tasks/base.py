@@ -42,6 +42,10 @@ def check_template(template: str) -> str:
         )
     if "question" not in names:
         raise ValueError(f"prompt_template={template!r}: has no {{question}} field (every prompt would be the same)")
+    try:  # a format spec or conversion the question's text refuses ({question:d})
+        template.format(question="What is 2 + 3?")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"prompt_template={template!r}: {exc} (the question is text: write {{question}})") from None
     return template
 
 

@@ -187,11 +187,12 @@ def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | No
     if data_path is None:
         try:
             data_path = _datasets_to_jsonl(name)
-        except Exception as exc:  # noqa: BLE001 -- any failure means "no local copy"
-            raise ValueError(
+        except Exception as exc:  # noqa: BLE001 -- any failure means "no local copy": a refusal, not a traceback
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise DataRefused(
                 f"task={name!r} needs --data-path FILE.jsonl (question/answer or problem/solution per line); "
-                f"loading it with the datasets library failed: {exc}"
-            ) from exc
+                f"loading it with the datasets library failed: {first}"
+            ) from None
     try:
         task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
     except ValueError as exc:  # the data's faults, named by file and line: a refusal, not a crash
