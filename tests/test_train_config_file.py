@@ -60,6 +60,9 @@ def test_json_config_and_data_alias(tmp_path):
         ("- 1\n- 2\n", ["expected a mapping"]),
         ("max_steps: [\n", ["not valid YAML"]),
         ("run_preset: huge\n", ["key 'run_preset'", "'huge' refused", "smoke"]),
+        # one setting under two spellings: the last one won, silently (docs/trainer.md: duplicate keys are refused)
+        ("max-steps: 3\nmax_steps: 9\n", ["keys 'max-steps' and 'max_steps' both set max_steps"]),
+        ("group_size: 4\ngroup-size: 8\n", ["keys 'group_size' and 'group-size' both set group_size"]),
     ],
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, capsys, text, words):
@@ -73,6 +76,7 @@ def test_bad_files_are_refused_naming_the_key(tmp_path, capsys, text, words):
 
 def test_missing_file_refused(tmp_path, capsys):
     assert "no such file" in refused(["--config", str(tmp_path / "nope.yaml")], capsys)
+    assert "is a folder, not a file" in refused(["--config", str(tmp_path)], capsys)  # was "no such file"
 
 
 def test_a_runs_config_json_round_trips(tmp_path):

@@ -256,7 +256,8 @@ def read_config_file(path: str | Path) -> ConfigFile:
     """Read and check `path` (see the module docstring). Raises ConfigFileError naming the file and the key."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigFileError(f"--config {path}: no such file")
+        what = "is a folder, not a file" if path.is_dir() else "is not a regular file" if path.exists() else ""
+        raise ConfigFileError(f"--config {path}: {what or 'no such file'}")
     data = _parse_text(path)
     where = f"--config {path}"
     if data is None:
@@ -272,11 +273,14 @@ def read_config_file(path: str | Path) -> ConfigFile:
         items = {k: v for k, v in data["train"].items() if k not in ACTIONS}
     else:
         items = data
-    names = {f.name for f in fields(TrainConfig)}
+    names, seen = {f.name for f in fields(TrainConfig)}, {}
     for key, value in items.items():
         if not isinstance(key, str):
             raise _unknown(_show(key), where)
         name = {"data": "data_path"}.get(key.replace("-", "_"), key.replace("-", "_"))  # --data
+        if name in seen:  # max-steps and max_steps, data and data_path: one setting written twice
+            raise ConfigFileError(f"{where}: keys {seen[name]!r} and {key!r} both set {name}; give it once")
+        seen[name] = key
         if name.startswith("loss."):
             out.loss_overrides[name[len("loss.") :]] = _loss_value(name[len("loss.") :], value, where)
         elif name == "run_preset":
