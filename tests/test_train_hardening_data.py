@@ -82,8 +82,11 @@ def test_data_without_repeats_splits_as_before(tmp_path, task, n, frac, seed):
         ('{"question": "1+1", "answer": "2"}\n' + "[" * 100000 + "]" * 100000 + "\n", ["line 2: not usable JSON"]),
         ('{"question": "1+1", "answer": "2"}\n{"question": "1+1", "answer": "2"}\n', ["1 distinct problem(s)"]),
         ('{"question": "1+1", "answer": "2"}\n[1, 2]\n', ["line 2: a JSON list, not an object"]),
+        # a list or mapping as the prompt was trained on as its Python repr ("['9 + 1 =']")
+        ('{"question": "1+1", "answer": "2"}\n{"prompt": ["9 + 1 ="], "answer": "10"}\n',
+         ["line 2: the prompt field 'prompt' is a list; expected text"]),
     ],
-    ids=["not-json", "5000-digits", "deep", "one-distinct", "list"],
+    ids=["not-json", "5000-digits", "deep", "one-distinct", "list", "list-prompt"],
 )  # fmt: skip
 def test_malformed_jsonl_is_refused_without_a_traceback(tmp_path, capsys, text, words):
     data = tmp_path / "bad.jsonl"

@@ -26,6 +26,16 @@ class DataRefused(Refused, ValueError):
     prints it and exits 2, no traceback)."""
 
 
+def _question(row: dict, where: str):
+    """The row's problem text: the first of QUESTION_KEYS present (None when none is); a list or a mapping there is
+    refused (it would be trained on as its Python repr)."""
+    key = next((k for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+    value = None if key is None else row[key]
+    if isinstance(value, bool) or not isinstance(value, str | int | float | None):
+        raise ValueError(f"{where}: the prompt field {key!r} is a {type(value).__name__}; expected text")
+    return value
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, row) of every non-blank line of a JSON Lines file. A file that is not UTF-8 text, a line that is
     not JSON, or a row that is not an object raises ValueError naming the file, the line and what was expected."""
@@ -140,7 +150,7 @@ class JsonlTask:
         self.train, self.test = split_by_content(problems, heldout_frac, seed)
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
-        question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+        question = _question(row, where)
         raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
         if question is None or raw is None:
             missing = " and ".join(
@@ -229,7 +239,7 @@ class RowsTask(JsonlTask):
         super().__init__(path, prompt_template, heldout_frac, seed)
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
-        question = next((row[k] for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+        question = _question(row, where)
         if question is None:
             raise ValueError(
                 f"{where}: no prompt (one of question/problem/prompt); the row has keys {sorted(row)}; expected one "
