@@ -480,6 +480,8 @@ def test_help_and_errors_name_the_command_a_user_types(capsys):
         # each was a traceback after the model had loaded (exit 1), not a refusal when the flags are parsed
         (["--task", "jsonl"], ["--data-path", "task='jsonl'", "--data FILE.jsonl"]),
         (["--prompt-template", "{question:d}"], ["--prompt-template", "Unknown format code 'd'"]),
+        (["--model", "nope.gguf"], ["--model", "'nope.gguf' refused: no such file or folder"]),
+        (["--model", "./no/such/folder"], ["--model", "no such file or folder"]),
     ],
 )
 def test_a_task_that_cannot_run_is_refused_when_parsed(capsys, argv, words):

