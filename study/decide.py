@@ -179,7 +179,7 @@ def evaluate(plan: Plan, data: dict[str, dict[int, dict]]) -> dict:
     # the family is complete only when every test in it is, and every screen that admits tests to it has decided
     gates = {x.requires[0] for x in (*plan.contrasts, *plan.fishers) if x.requires is not None}
     ctx["family_interim"] = (any(i for _, _, i in family) or len(tested) < len(family)
-                             or any(ctx["interim_of"].get(g, True) for g in sorted(gates)))  # fmt: skip
+                             or any(ctx["interim_of"].get(g, True) for g in gates))  # fmt: skip
     for x in (*plan.contrasts, *plan.fishers):  # a test whose screen has decided against it is not run
         if x.requires is not None:
             out = fishers[x.key] if isinstance(x, Fisher) else contrasts[x.key]
