@@ -502,3 +502,22 @@ def test_gsm8k_without_data_or_hub_is_a_refusal_not_a_traceback(monkeypatch):
     monkeypatch.setattr(jsonl, "_datasets_to_jsonl", offline)
     with pytest.raises(Refused, match=r"task='gsm8k' needs --data-path FILE.jsonl .* Couldn't reach 'openai/gsm8k'"):
         make_task("gsm8k")
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "xpu", "npu:0"])
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(tmp_path, device):
+    # was an AssertionError traceback ("Torch not compiled with CUDA enabled") after config.json had been written
+    import torch
+
+    from train.config import TrainConfig
+    from train.errors import Refused
+    from train.loop import train
+
+    kind = device.split(":")[0]
+    module = getattr(torch, kind, None)
+    if module is not None and module.is_available() and module.device_count() > int((device + ":0").split(":")[1]):
+        pytest.skip(f"this machine has {device}")
+    out = tmp_path / "run"
+    with pytest.raises(Refused, match=rf"--device {device}: this machine has .*use --device cpu or auto"):
+        train(TrainConfig(model="tiny", device=device, max_steps=1, output_dir=str(out), progress=False))
+    assert not out.exists()

@@ -27,6 +27,7 @@ from .distributed import Dist, from_env, shutdown
 from .errors import Refused, TrainError
 from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
 from .export import export_finished
+from .model import resolve_device
 from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
@@ -265,6 +266,7 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     Under torchrun (WORLD_SIZE > 1) every rank runs this: data-parallel over whole groups, rank 0 writes the files,
     the other ranks print nothing (docs/trainer.md, "More than one device")."""
     t_start = time.time()
+    resolve_device(cfg.device)  # a device this machine lacks is refused before torchrun's process group
     ctx = from_env(cfg.device, cfg.dist_timeout_s)
     try:
         if ctx.enabled:

@@ -18,6 +18,8 @@ from torch import Tensor
 
 from sgrpo_kernels.integrations.hf import lm_head
 
+from .errors import Refused
+
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -42,9 +44,20 @@ def gguf_path(name: str) -> tuple[str, str]:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name != "auto":
+    """--device as a torch device; auto: CUDA if any, else CPU. A device this machine does not have is refused."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = name.partition(":")
+    if kind == "cpu":
         return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "npu" and importlib.util.find_spec("torch_npu") is not None:
+        importlib.import_module("torch_npu")  # registers torch.npu
+    module = torch.backends.mps if kind == "mps" else getattr(torch, kind, None)  # npu: once torch_npu is imported
+    count = 0 if module is None or not module.is_available() else getattr(module, "device_count", lambda: 1)()
+    if int(index or 0) >= count:
+        have = f"{count} {kind} device(s)" if count else f"no {kind} device"
+        raise Refused(f"--device {name}: this machine has {have} (torch {torch.__version__}); use --device cpu or auto")
+    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
