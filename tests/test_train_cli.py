@@ -54,7 +54,9 @@ BAD_VALUES = [
     ("--time-budget-s", "inf", ">= 0"),
     ("--top-p", "0", "0 < x <= 1"),
     ("--top-p", "1.5", "0 < x <= 1"),
-    ("--temperature", "0", "> 0"),
+    ("--temperature", "0", ">= 0.01"),
+    ("--temperature", "1e-300", ">= 0.01"),  # was a RuntimeError in sampling (1e-300 is 0 in float32)
+    ("--temperature", "0.005", ">= 0.01"),  # vLLM samples at 0.01: the loss would score another distribution
     ("--collapse-window", "0", ">= 1"),
     ("--collapse-entropy", "-0.1", ">= 0"),
     ("--format-reward-weight", "nan", ">= 0"),

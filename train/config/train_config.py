@@ -145,7 +145,9 @@ class TrainConfig:
     prompts_per_step: int = option(4, "B prompts per step; B * group_size completions", Range(ge=1))
     group_size: int = option(8, "G completions per prompt (a group of 1 has no relative advantage)", Range(ge=2))
     max_new_tokens: int = option(12, "completion length limit (rollouts and evaluation)", Range(ge=1))
-    temperature: float = option(0.7, "sampling temperature (the loss uses the same)", Range(gt=0))
+    temperature: float = option(
+        0.7, "sampling temperature, the loss uses the same; >= 0.01, as vLLM raises lower ones to 0.01", Range(ge=0.01)
+    )
     top_p: float = option(1.0, "nucleus sampling; 1 = off", Range(gt=0, le=1))
     top_k: int = option(0, "top-k sampling: the k most likely tokens only; 0 = off", Range(ge=0))
     min_p: float = option(0.0, "min-p sampling: tokens with p >= min_p * p_max only; 0 = off", Range(ge=0, lt=1))
