@@ -170,3 +170,23 @@ def test_trackio_for_real_stores_trls_names(tmp_path):
     assert [r["step"] for r in logs] == [1, 2]
     assert [r["train/reward"] for r in logs] == [0.5, 0.75]
     assert [r["train/frac_reward_zero_std"] for r in logs] == [0.25, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["tensorboard", "trackio"])
+def test_a_dashboard_that_fails_to_import_refuses_the_run_before_it_starts(tmp_path, monkeypatch, kind):
+    # was a traceback after the model had loaded and config.json was written (a TypeError from a protobuf the
+    # package does not accept is the common case); now a refusal naming the package and what it raised
+    from train.errors import Refused
+
+    fake = tmp_path / "site"
+    name = "tensorboard" if kind == "tensorboard" else "trackio"
+    (fake / name).mkdir(parents=True)
+    (fake / name / "__init__.py").write_text("raise TypeError('Descriptors cannot be created directly.\\nmore')\n")
+    monkeypatch.syspath_prepend(str(fake))
+    for mod in [m for m in sys.modules if m.split(".")[0] == name or m.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, mod)
+    out = tmp_path / "run"
+    with pytest.raises(Refused, match=rf"--report-to {kind}: {name} cannot be imported \(TypeError: Descriptors "
+                                      r"cannot be created directly.\); pip install"):  # fmt: skip
+        loop.train(tiny_cfg(out, max_steps=1, report_to=kind), LOSS)
+    assert not out.exists()

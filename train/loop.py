@@ -31,6 +31,7 @@ from .model import resolve_device
 from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
+from .run.dashboards import dashboard_backend
 from .run.lock import RunLock
 from .run.metrics import MetricsLog, NullLog, write_json
 from .run.progress import TrainBar
@@ -222,6 +223,8 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
     if not ctx.is_main:
         cfg = dataclasses.replace(cfg, progress=False)
     loss_cfg = cfg.loss_config(loss_overrides)  # the one LossConfig of the run
+    if cfg.report_to != "none":
+        dashboard_backend(cfg.report_to)  # a dashboard that cannot be imported is refused before anything is written
     with RunLock(cfg.output_dir) if ctx.is_main else contextlib.nullcontext(), STOP:
         STOP.collective = ctx.enabled
         ckpt = open_checkpoint(cfg, loss_cfg, ctx)

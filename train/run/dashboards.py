@@ -7,7 +7,7 @@ an eval event's under `eval/<our name without eval_>`.
 TensorBoard: event files in OUTPUT_DIR/tensorboard/ (`tensorboard --logdir OUTPUT_DIR`; `pip install
 .[tensorboard]`). trackio: project `sgrpo`, the run named after OUTPUT_DIR and the run's id (`trackio_name`: two runs
 in folders with the same last name, such as every study arm's `seed0`, are two runs; a --resume continues its own;
-`pip install .[trackio]`)."""
+`pip install .[trackio]`). A dashboard package that is missing or fails to import refuses the run before it starts."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import math
 import os
 from pathlib import Path
 
+from ..errors import Refused
 from ..run.files import check_not_link, read_manifest
 
 # our metrics.jsonl key -> TRL's name (without the train/ prefix transformers adds). Where the definitions differ:
@@ -65,31 +66,43 @@ def trackio_name(out_dir: Path) -> str:
     return f"{folder.name}-{tag}"
 
 
+def dashboard_backend(kind: str):
+    """The package `--report-to KIND` writes with (TensorBoard's SummaryWriter, or trackio), imported; one that is
+    missing or fails to import (a protobuf it does not accept, say) is a refusal naming it. The trainer calls this
+    before it starts, so such a run stops before anything is loaded or written."""
+    package = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(kind)
+    if package is None:
+        raise ValueError(f"report_to={kind!r}: expected tensorboard or trackio")
+    try:
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            return SummaryWriter
+        import trackio
+
+        return trackio
+    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the package raises while importing
+        raise Refused(
+            f"--report-to {kind}: {package} cannot be imported ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            f"pip install {package} (or repair its install), or leave --report-to out (metrics.jsonl has every "
+            "record)"
+        ) from None
+
+
 class Dashboard:
     """One run's dashboard; `log(record)` for each record metrics.jsonl gets. `purge_step`: on a resume, the first
     step whose records will be written again (TensorBoard drops what an interrupted run logged from there on)."""
 
     def __init__(self, kind: str, out_dir: Path, config: dict | None = None, purge_step: int | None = None):
-        if kind not in KINDS or kind == "none":
-            raise ValueError(f"report_to={kind!r}: expected tensorboard or trackio")
+        backend = dashboard_backend(kind)
         self.kind = kind
         if kind == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise ImportError(
-                    f"--report-to tensorboard needs tensorboard: pip install tensorboard ({exc})"
-                ) from None
             log_dir = Path(out_dir) / "tensorboard"
             check_not_link(log_dir)  # (open_output_dir refuses one too; this is for the race)
-            self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
+            self.writer = backend(log_dir=str(log_dir), purge_step=purge_step)
         else:
-            try:
-                import trackio
-            except ImportError as exc:
-                raise ImportError(f"--report-to trackio needs trackio: pip install trackio ({exc})") from None
-            self.trackio = trackio
-            trackio.init(project="sgrpo", name=trackio_name(out_dir), config=config or {}, resume="allow")
+            self.trackio = backend
+            backend.init(project="sgrpo", name=trackio_name(out_dir), config=config or {}, resume="allow")
 
     def log(self, record: dict) -> None:
         tags, step = dashboard_tags(record), int(record.get("step", 0))
