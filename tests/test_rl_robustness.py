@@ -169,3 +169,10 @@ def test_override_text_of_a_non_finite_number_is_refused_as_a_number(text):
     spells, so the field's own finiteness check names the value."""
     with pytest.raises(ValueError, match=r"LossConfig\.beta must be finite"):
         rl.preset_with("s_grpo", f"beta={text}")
+
+
+def test_override_text_giving_a_field_twice_is_refused():
+    """`--loss beta=0,beta=0.1` (and TRL's sgrpo_loss) used to keep the last value silently."""
+    with pytest.raises(ValueError, match=r"'beta' is given twice in 'beta=0, beta =0.1': give each field once"):
+        rl.parse_overrides("beta=0, beta =0.1")
+    assert rl.parse_overrides("beta=0,clip_eps=0.1") == {"beta": 0, "clip_eps": 0.1}

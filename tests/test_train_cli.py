@@ -115,6 +115,9 @@ def test_old_spelling_is_refused_too(capsys):
         (["--train-layers", "0"], "--train-layers", "nothing would be trained"),
         (["--loss", "nope=1"], "--loss", "unknown LossConfig field(s) ['nope']"),
         (["--loss", "junk"], "--loss", "'junk' is not field=value"),
+        # each kept the last value silently
+        (["--loss", "beta=0,beta=0.1"], "--loss", "'beta' is given twice in 'beta=0,beta=0.1'"),
+        (["--loss", "beta=0", "--loss=clip_eps=0.1"], "--loss", "given more than once; give one, its fields"),
         (["--loss", "epsilon_low=2"], "--loss", "LossConfig.epsilon_low"),
         (["--loss.epsilon_low", "2.0"], "--loss.epsilon_low", "LossConfig.epsilon_low must be < 1.0"),
         (["--loss.beta", "0.1", "--loss.dual_clip", "0.5"], "--loss.dual_clip", "LossConfig.dual_clip must be > 1"),

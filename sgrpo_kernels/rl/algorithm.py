@@ -258,6 +258,8 @@ def parse_overrides(text: str) -> dict:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"{item!r} is not field=value")
+        if key.strip() in out:
+            raise ValueError(f"{key.strip()!r} is given twice in {text!r}: give each field once")
         out[key.strip()] = parse_value(value.strip())
     return out
 

@@ -224,8 +224,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     argv = _normalize(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
-    if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last silently
-        parser.error("argument --config: given more than once; give one file (flags typed after it override it)")
+    once = {"--config": "give one file (flags typed after it override it)",
+            "--loss": "give one, its fields comma-separated (--loss 'a=1,b=2'), or --loss.FIELD flags"}  # fmt: skip
+    for flag, fix in once.items():
+        if sum(a == flag or a.startswith(flag + "=") for a in argv) > 1:  # argparse would keep the last silently
+            parser.error(f"argument {flag}: given more than once; {fix}")
     explicit = _explicit_flags(argv)
     typed = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in explicit}
     file = _config_file(parser, args.config, typed)
