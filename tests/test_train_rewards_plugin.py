@@ -97,6 +97,21 @@ def test_rows_without_answer_are_graded_by_the_reward(user):
         make_task("jsonl", data_path=str(data))
 
 
+@pytest.mark.parametrize("field", ["prompts", "completions", "completion"])
+def test_a_row_field_named_like_a_reward_argument_is_refused(user, field):
+    # was silent: `prompts` replaced by the prompts, `completion(s)` dropped before the reward functions saw them
+    tmp_path, _ = user
+    data = tmp_path / "named.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+1=", "target": str(a + 1), field: "mine"}) + "\n"
+                            for a in range(5)))  # fmt: skip
+    with pytest.raises(ValueError, match=rf"named.jsonl: line 1: a field named '{field}': the reward functions get "
+                                         r"prompts= and completions= .* rename it"):  # fmt: skip
+        make_task("jsonl", data_path=str(data), reward="user_rewards:target_hit")
+    rows = [json.dumps({"prompt": f"{a}+1=", "answer": str(a + 1), field: "x"}) for a in range(5)]
+    data.write_text("\n".join(rows) + "\n")
+    assert len(make_task("jsonl", data_path=str(data)).train) == 4  # without --reward no function would lose it
+
+
 def test_rows_with_an_answer_keep_it_as_ground_truth(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "2+3=", "answer": "5", "level": 1}\n{"question": "1+1=", "answer": "2"}\n')

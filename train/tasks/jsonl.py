@@ -245,6 +245,12 @@ class RowsTask(JsonlTask):
                 f"{where}: no prompt (one of question/problem/prompt); the row has keys {sorted(row)}; expected one "
                 'JSON object per line with a prompt and any other fields, e.g. {"prompt": "2 + 3 =", "answer": "5"}'
             )
+        taken = [k for k in ("prompts", "completion", "completions") if k in row]
+        if taken and self.grader is not None:  # the reward functions' own arguments, as TRL's (see RewardFunctions)
+            raise ValueError(
+                f"{where}: a field named {taken[0]!r}: the reward functions get prompts= and completions= (the prompt "
+                "as the model saw it and the model's completions), so this field would be lost; rename it"
+            )
         raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
         if raw is None and self.grader is None:
             raise ValueError(
