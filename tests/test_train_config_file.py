@@ -63,6 +63,11 @@ def test_json_config_and_data_alias(tmp_path):
         # one setting under two spellings: the last one won, silently (docs/trainer.md: duplicate keys are refused)
         ("max-steps: 3\nmax_steps: 9\n", ["keys 'max-steps' and 'max_steps' both set max_steps"]),
         ("group_size: 4\ngroup-size: 8\n", ["keys 'group_size' and 'group-size' both set group_size"]),
+        # YAML 1.1 numbers read silently as another value: 010 was 8, 1:30 was 90, -007 -7
+        ("max_steps: 010\n", ["line 1: 010 is read as an octal number (YAML 1.1: 010 is 8)", "leading zeros"]),
+        ("loss.beta: -007\n", ["line 1: -007 is read as an octal number"]),
+        ("time_budget_s: 1:30\n", ["line 1: 1:30 is read as a base-60 number", "write it in decimal"]),
+        ("use_vllm: off\n", ["key 'use_vllm': False refused", "quote the text (use_vllm: 'off')"]),  # was unexplained
     ],
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, capsys, text, words):
@@ -72,6 +77,16 @@ def test_bad_files_are_refused_naming_the_key(tmp_path, capsys, text, words):
     assert str(f) in err
     for w in words:
         assert w in err, (w, err)
+
+
+def test_yaml_numbers_that_read_the_same_everywhere_still_pass_and_a_json_bom_is_read_past(tmp_path):
+    f = tmp_path / "ok.yaml"
+    f.write_text("max_steps: 0\nlr: 0.5\nwarmup_steps: 1_0\ntime_budget_s: 00.5\nsave_every: '010'\n")
+    cfg, _ = parse_args(["--config", str(f)])
+    assert (cfg.max_steps, cfg.lr, cfg.warmup_steps, cfg.time_budget_s, cfg.save_every) == (0, 0.5, 10, 0.5, 10)
+    j = tmp_path / "bom.json"  # as Notepad writes UTF-8; was refused as not valid JSON (YAML read past it)
+    j.write_bytes(b"\xef\xbb\xbf" + json.dumps({"max_steps": 5}).encode())
+    assert parse_args(["--config", str(j)])[0].max_steps == 5
 
 
 def test_missing_file_refused(tmp_path, capsys):

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -63,7 +64,7 @@ def _read_bytes(path: Path) -> bytes:
 
 def _decode(path: Path, data: bytes) -> str:
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte-order mark, as editors on Windows write one, is read past
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigFileError(f"--config {path}: line {line}: not UTF-8 text ({exc.reason}); expected a UTF-8 YAML "
@@ -153,6 +154,11 @@ def _limited_loader(path: Path):
             if node.tag in numbers and len(node.value) > MAX_NUMBER_CHARS:
                 raise refuse(node.start_mark, f"a number of {len(node.value)} characters ({node.value[:12]}...); "
                              f"numbers of at most {MAX_NUMBER_CHARS} characters are accepted")  # fmt: skip
+            octal = node.tag == numbers[0] and re.fullmatch(r"[-+]?0[0-9_]+", node.value)
+            if octal or (node.tag in numbers and ":" in node.value):  # YAML 1.1's; YAML 1.2 and JSON read neither
+                kind = ("an octal number (YAML 1.1: 010 is 8): write it without its leading zeros" if octal
+                        else "a base-60 number (YAML 1.1: 1:30 is 90): write it in decimal")  # fmt: skip
+                raise refuse(node.start_mark, f"{node.value} is read as {kind}, or quote it as text")
             return node
 
         def compose_mapping_node(self, anchor):
@@ -192,6 +198,9 @@ def _field_value(name: str, value, where: str):
     spec = field_specs(TrainConfig)[name]
     if not isinstance(value, str | int | float | bool | None):  # a list, a mapping, a date: never a field's value
         raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}")
+    if isinstance(value, bool) and spec.kind is str:  # `use_vllm: off`: YAML 1.1 reads yes/no/on/off as booleans
+        raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}; an unquoted "
+                              f"on/off/yes/no is a boolean in YAML: quote the text ({name}: 'off')")  # fmt: skip
     try:
         if isinstance(value, str) and spec.kind is not str:
             return parse_flag_text(name, value)
