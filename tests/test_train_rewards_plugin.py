@@ -52,6 +52,22 @@ def no_completions(x):
     return [0.0]
 
 NOT_A_FUNCTION = 3
+
+def numpy_values(completions, **kwargs):
+    import numpy as np
+    return [np.float32(0.5 * len(c)) for c in completions]
+
+def numpy_array(completions, **kwargs):
+    import numpy as np
+    return np.array([float(len(c)) for c in completions], dtype=np.float64)
+
+def torch_tensor(completions, **kwargs):
+    import torch
+    return torch.tensor([float(len(c)) for c in completions])
+
+def numpy_nan(completions, **kwargs):
+    import numpy as np
+    return [np.float32("nan")] * len(completions)
 '''
 
 
@@ -163,6 +179,14 @@ def test_bad_values_refused_before_training(user, ref, words):
     for w in words:
         assert w in str(info.value), (w, str(info.value))
     assert not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text()  # no step trained
+
+
+def test_numpy_and_torch_rewards_are_accepted_as_trl_accepts_them(user):
+    # a NumPy float32 per completion was refused as "not a finite float", an array or tensor as "a ndarray"
+    fns = RewardFunctions("user_rewards:numpy_values,user_rewards:numpy_array=2,user_rewards:torch_tensor=0.5")
+    assert fns(["ab", "abcd"], ["p", "p"], [{}, {}]) == [1.0 + 4.0 + 1.0, 2.0 + 8.0 + 2.0]
+    with pytest.raises(RewardError, match=r"'user_rewards:numpy_nan': completion 0: .*nan.*expected a finite float"):
+        RewardFunctions("user_rewards:numpy_nan")(["x"], ["p"], [{}])
 
 
 def test_cli_reward_given_twice_and_builtins(user):

@@ -16,6 +16,7 @@ import functools
 import importlib
 import inspect
 import math
+import numbers
 import os
 import re
 import sys
@@ -378,11 +379,13 @@ class RewardFunctions:
                 values = _task_correctness(completions, truths)
             else:
                 values = _call_user(name, fn, completions, columns)
+            if hasattr(values, "tolist") and getattr(values, "ndim", None) == 1:  # a NumPy array, a torch tensor
+                values = values.tolist()
             if not isinstance(values, (list, tuple)) or len(values) != len(completions):
                 got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
                 raise RewardError(f"reward {name!r}: returned {got}; expected a list of {len(completions)} floats")
             for i, v in enumerate(values):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):  # NumPy's too
                     raise RewardError(
                         f"reward {name!r}: completion {i}: {_short(v)}; expected a finite float (completion "
                         f"{completions[i][:60]!r})"
