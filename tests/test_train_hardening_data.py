@@ -98,12 +98,33 @@ def test_malformed_jsonl_is_refused_without_a_traceback(tmp_path, capsys, text, 
         assert w in err, (w, err)
 
 
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+def test_raw_line_separators_inside_json_strings_are_read(tmp_path, char):
+    # JSON allows these raw inside a string; str.splitlines broke the row there ("line 2: not valid JSON")
+    path = tmp_path / "sep.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False).replace("+", "+" + char) + "\n" for r in rows(6)))
+    t = make_task("jsonl", data_path=str(path))
+    assert sorted(p.question for p in t.train + t.test) == sorted(r["question"].replace("+", "+" + char)
+                                                                   for r in rows(6))  # fmt: skip
+
+
 def test_a_prompt_longer_than_the_context_is_refused_naming_its_line(tmp_path, capsys):
     data = rows(5) + [{"question": "x" * 100_000, "answer": "1"}] * 1 + rows(8)[5:]
     path = write_rows(tmp_path / "long.jsonl", data)
     assert main(tiny_argv(str(tmp_path / "run"), "--task", "jsonl", "--data", path, *FAST)) == 2
     err = capsys.readouterr().err
     assert "line 6: the prompt is 100002 tokens" in err and "context is 256 tokens" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("new_tokens", ["256", "300"])
+def test_max_new_tokens_past_the_context_is_blamed_not_the_data(tmp_path, capsys, new_tokens):
+    # was "line 1: the prompt is 9 tokens; ... a prompt may have at most -44 tokens. Shorten or remove it"
+    path = write_rows(tmp_path / "d.jsonl", rows(8))
+    argv = tiny_argv(str(tmp_path / "run"), "--task", "jsonl", "--data", path, *FAST, "--max-new-tokens", new_tokens)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--max-new-tokens {new_tokens}: the model's context is 256 tokens and the chat template alone" in err, err
+    assert "line 1" not in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------------------- reward functions

@@ -49,7 +49,7 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
         line = data[: exc.start].count(b"\n") + 1
         raise ValueError(f"{path}: line {line}: not UTF-8 text ({exc.reason}); {JSONL_EXPECTED}") from None
     rows = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: JSON text may hold U+2028, U+0085 raw
         if not line.strip():
             continue
         try:
@@ -114,6 +114,11 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
 
     room = context - max_new_tokens
     overhead = tokens(Problem("", ""))
+    if room <= overhead:  # no prompt could fit: the flag is at fault, not the data
+        raise Refused(
+            f"--max-new-tokens {max_new_tokens}: the model's context is {context} tokens and the chat template alone "
+            f"takes {overhead}, so no prompt of {task.path} would fit; use --max-new-tokens < {context - overhead}"
+        )
     for p in task.train + task.test:
         if len(p.prompt.encode()) + overhead <= room:
             continue
