@@ -107,6 +107,20 @@ def test_huge_rewards_1e30():
     torch.testing.assert_close(adv, want)
 
 
+@pytest.mark.parametrize("dtype, top", [(torch.float32, 1.8e38), (torch.float32, 3.4e38), (torch.float64, 1e308)])
+@pytest.mark.parametrize("method", ["grpo", "lite_ppo", "rloo", "dr_grpo"])
+def test_rewards_near_the_dtypes_max_do_not_overflow(method, dtype, top):
+    # at or past 2^127 (float32) the scale itself was inf: grpo gave all-zero advantages, dr_grpo all NaN
+    r = torch.tensor([1.0, 0.5, 0.0, 0.25], dtype=torch.float64) * top  # (r - mean itself stays finite)
+    opts = {} if method in ("rloo", "dr_grpo") else {"eps": 0.0}
+    adv = rl.group_advantages(r.to(dtype), 4, method, **opts)
+    want = rl.group_advantages(r / top, 4, method, **opts).to(dtype)  # scale-free methods; in reward units below
+    if method in ("rloo", "dr_grpo"):
+        want = (rl.group_advantages(r / top, 4, method) * top).to(dtype)
+    assert torch.isfinite(adv).all()
+    torch.testing.assert_close(adv, want, rtol=1e-6, atol=0)
+
+
 def test_nan_entropy_under_the_quantile_filter_filters_only_that_completion():
     # before: the quantile was NaN, so every completion was filtered and the loss was silently 0
     logp, ent, _ = _loss_inputs(b=8)

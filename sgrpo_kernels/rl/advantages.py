@@ -76,12 +76,13 @@ def _constant_value(r: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _pow2_scale(r: Tensor, extra: float = 0.0) -> Tensor:
-    """[n, 1] power of two >= max(|r|, |extra|) per row (1 for an all-zero row). Sums and squares are taken of r / c,
-    so rewards up to the dtype's max never overflow; dividing by a power of two is exact, so ordinary rewards give
-    bitwise the same statistics as without scaling."""
+    """[n, 1] power of two c with max(|r|, |extra|) / c in [1, 2) per row (1 for an all-zero row). Sums and squares
+    are taken of r / c, so rewards up to the dtype's max never overflow (c itself is at most half of it: the power of
+    two above a reward past 2^127 would be inf in float32); dividing by a power of two is exact, so ordinary rewards
+    give bitwise the same statistics as without scaling."""
     top = torch.maximum(r.abs().amax(dim=1, keepdim=True), torch.full_like(r[:, :1], abs(extra)))
     _, exp = torch.frexp(torch.where(top > 0, top, torch.ones_like(top)))
-    return torch.ldexp(torch.ones_like(top), exp)
+    return torch.ldexp(torch.ones_like(top), exp - 1)
 
 
 def _group_mean_std(r: Tensor, valid: Tensor, unbiased: bool) -> tuple[Tensor, Tensor, Tensor]:
