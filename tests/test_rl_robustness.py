@@ -190,3 +190,55 @@ def test_override_text_giving_a_field_twice_is_refused():
     with pytest.raises(ValueError, match=r"'beta' is given twice in 'beta=0, beta =0.1': give each field once"):
         rl.parse_overrides("beta=0, beta =0.1")
     assert rl.parse_overrides("beta=0,clip_eps=0.1") == {"beta": 0, "clip_eps": 0.1}
+
+
+# ------------------------------------------------------------- found by an adversarial review (each failed before)
+
+
+def test_negative_conflict_weights_are_refused():
+    """A negative factor flips the update's direction (a good completion pushed down); rl.md: never negative. (The
+    loss's own token_weights are not checked: it makes no host sync, test_rl_loss.py.)"""
+    with pytest.raises(ValueError, match=r"LossConfig.conflict_w_pos must be >= 0.0, got -1.0"):
+        rl.LossConfig(conflict_strategy="gtpo", conflict_w_pos=-1.0)
+    with pytest.raises(ValueError, match=r"w_neg must be >= 0.0"):
+        rl.conflict_weights(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool),
+                            torch.tensor([1.0, -1.0]), 2, w_neg=-0.5)  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["False", 0])
+def test_compute_entropy_must_be_a_bool(value):
+    """compute_entropy="False" computed the entropy (a non-empty string is true)."""
+    with pytest.raises(TypeError, match=r"compute_entropy must be a bool"):
+        sgrpo_loss(torch.zeros(2, 2, 4), torch.randn(5, 4), torch.zeros(2, 2, dtype=torch.long), torch.zeros(2),
+                   torch.ones(2, 2, dtype=torch.bool), rl.preset("dapo"), compute_entropy=value)  # fmt: skip
+
+
+@pytest.mark.parametrize("options, match", [({"unbiased": "no"}, "unbiased must be a bool, got str 'no'"),
+                                            ({"unbiased": 0}, "unbiased must be a bool"),
+                                            ({"c": 0.0}, "c must be > 0.0")])  # fmt: skip
+def test_advantage_options_of_the_wrong_kind_are_refused(options, match):
+    method = "all_fail_negative" if "c" in options else "grpo"
+    with pytest.raises((TypeError, ValueError), match=match):
+        rl.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 4, method, **options)
+
+
+def test_an_empty_batch_has_statistics_and_groups():
+    """B = 0 raised IndexError (amax of an empty dim) with return_stats and in prepare_groups."""
+    adv, stats = rl.group_advantages(torch.zeros(0), 4, return_stats=True)
+    assert adv.shape == (0,) and float(stats["num_groups"]) == 0.0 and math.isnan(float(stats["reward_mean"]))
+    groups = rl.prepare_groups(rl.preset("gtpo"), torch.zeros(0), torch.zeros(0, 3, dtype=torch.long),
+                               torch.zeros(0, 3, dtype=torch.bool), 4)  # fmt: skip
+    assert groups.advantages.shape == (0,) and groups.token_weights.shape == (0, 3)
+
+
+@pytest.mark.parametrize("rewards", [torch.tensor([1, 0, 1, 1]), torch.tensor([True, False, True, True])])
+def test_integer_rewards_reach_the_losss_filters_as_floats(rewards):
+    """prepare_groups accepts int / bool rewards; the coverage filter then refused them ("a floating tensor")."""
+    cfg = rl.preset_with("s_grpo", "entropy_filter=quantile:0.75")
+    ids, mask = torch.randint(0, 5, (4, 3), generator=torch.Generator().manual_seed(0)), torch.ones(4, 3, dtype=bool)
+    groups = rl.prepare_groups(rl.preset_with("s_grpo", "entropy_filter=coverage"), rewards, ids, mask, 4)
+    want = rl.prepare_groups(cfg, rewards.double(), ids, mask, 4)
+    assert groups.rewards.is_floating_point() and torch.equal(groups.rewards.double(), want.rewards)
+    hidden = torch.randn(4, 3, 4, dtype=torch.float64)
+    sgrpo_loss(hidden, torch.randn(5, 4, dtype=torch.float64), ids, groups.advantages.double(), mask,
+               rl.preset_with("s_grpo", "entropy_filter=coverage"), **groups.loss_kwargs())  # fmt: skip

@@ -51,7 +51,7 @@ def check_advantage_options(method: str, options: dict[str, Any]) -> dict[str, A
     if "eps" in opts:
         opts["eps"] = check_number("eps", opts["eps"], low=0.0)
     if "c" in opts:
-        opts["c"] = check_number("c", opts["c"], low=0.0)
+        opts["c"] = check_number("c", opts["c"], low=0.0, low_open=True)  # c = 0: no signal (as all_fail_c)
     if "k" in opts:
         k = opts["k"]
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -62,8 +62,9 @@ def check_advantage_options(method: str, options: dict[str, Any]) -> dict[str, A
     opts["r_max"] = check_number("r_max", opts["r_max"])
     if opts["r_min"] > opts["r_max"]:
         raise ValueError(f"r_min ({opts['r_min']}) must be <= r_max ({opts['r_max']}): they bound the reward range")
-    if not isinstance(opts["positive_only"], bool):
-        raise TypeError(f"positive_only must be a bool, got {type(opts['positive_only']).__name__}")
+    for flag in ("positive_only", "unbiased"):  # "no" would count as True
+        if flag in opts and not isinstance(opts[flag], bool):
+            raise TypeError(f"{flag} must be a bool, got {type(opts[flag]).__name__} {opts[flag]!r}")
     return opts
 
 
@@ -219,9 +220,17 @@ def _all_below(r0: Tensor, valid: Tensor, r_min: float) -> Tensor:
     return has_any & (torch.where(valid, r0 <= r_min, torch.ones_like(valid))).all(dim=1, keepdim=True)
 
 
+_STAT_KEYS = ("zero_variance_frac", "all_pass_frac", "all_fail_frac", "nan_frac", "reward_mean", "reward_std",
+              "adv_mean", "adv_std")  # fmt: skip
+
+
 def _stats(r0: Tensor, valid: Tensor, adv: Tensor, opts: dict[str, Any]) -> dict[str, Tensor]:
-    """The statistics of `return_stats`, as 0-d tensors (no device-to-host sync here)."""
+    """The statistics of `return_stats`, as 0-d tensors (no device-to-host sync here); of no group (B = 0): NaN, and
+    num_groups 0."""
     n_groups = r0.shape[0]
+    if n_groups == 0:
+        nan = torch.tensor(math.nan, dtype=r0.dtype, device=r0.device)
+        return {k: nan for k in _STAT_KEYS} | {"num_groups": torch.zeros((), dtype=r0.dtype, device=r0.device)}
     inf = torch.tensor(math.inf, dtype=r0.dtype, device=r0.device)
     gmax = torch.where(valid, r0, -inf).amax(dim=1)
     gmin = torch.where(valid, r0, inf).amin(dim=1)

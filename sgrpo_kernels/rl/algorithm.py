@@ -57,6 +57,8 @@ def prepare_groups(
         raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
     adv, stats = config.advantages(rewards, group_size, return_stats=True)
     weights, counts = config.conflict_weights(completion_ids, completion_mask, adv, group_size)
+    if not rewards.is_floating_point():  # int / bool rewards (accepted above) as the loss's filters take them
+        rewards = rewards.to(adv.dtype)
     return GroupSignals(adv, weights, counts, stats, rewards, group_size)
 
 

@@ -154,8 +154,8 @@ class LossConfig:
         if self.conflict_strategy is not None:
             check_choice("LossConfig.conflict_strategy", self.conflict_strategy, CONFLICT_STRATEGIES)
         check_choice("LossConfig.conflict_detect", self.conflict_detect, CONFLICT_DETECTS)
-        check_number("LossConfig.conflict_w_pos", self.conflict_w_pos)
-        check_number("LossConfig.conflict_w_neg", self.conflict_w_neg)
+        check_number("LossConfig.conflict_w_pos", self.conflict_w_pos, low=0.0)  # < 0 would flip the update
+        check_number("LossConfig.conflict_w_neg", self.conflict_w_neg, low=0.0)
         check_choice("LossConfig.conflict_combine", self.conflict_combine, COMBINE_MODES)
         for flag in ("conflict_count_norm", "positive_only"):
             if not isinstance(getattr(self, flag), bool):

@@ -226,8 +226,8 @@ def conflict_weights(
     check_choice("strategy", strategy, CONFLICT_STRATEGIES)
     check_choice("combine", combine, COMBINE_MODES)
     check_choice("detect", detect, CONFLICT_DETECTS)
-    w_pos = check_number("w_pos", w_pos)
-    w_neg = check_number("w_neg", w_neg)
+    w_pos = check_number("w_pos", w_pos, low=0.0)  # a negative factor would flip the direction of the update
+    w_neg = check_number("w_neg", w_neg, low=0.0)
 
     dtype = stats_dtype(adv.dtype)
     adv = adv.detach().to(dtype)

@@ -11,7 +11,7 @@ from sgrpo_kernels.backends.contract import HeadOptions
 from sgrpo_kernels.ops import linear_logprobs
 from sgrpo_kernels.rl.config import LossConfig
 from sgrpo_kernels.rl.loss import policy_loss
-from sgrpo_kernels.validation import check_float_tensor, check_int_tensor, check_mask, check_rank
+from sgrpo_kernels.validation import check_flag, check_float_tensor, check_int_tensor, check_mask, check_rank
 from sgrpo_kernels.vocab_parallel import shard_range
 
 __all__ = ["sgrpo_loss"]
@@ -103,7 +103,7 @@ def sgrpo_loss(
     need_entropy = config.needs_entropy
     if compute_entropy is None:
         compute_entropy = need_entropy
-    elif not compute_entropy and need_entropy:
+    elif not check_flag("compute_entropy", compute_entropy) and need_entropy:  # "False" would count as True
         raise ValueError(f"compute_entropy=False but config {config.name!r} needs token entropies")
 
     ignore_index = HeadOptions.from_kwargs("sgrpo_loss", head_options).ignore_index

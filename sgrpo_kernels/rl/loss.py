@@ -296,7 +296,9 @@ def policy_loss(
         entropy: ``[B, T]`` float token entropies (differentiable); required when ``config.needs_entropy``.
         old_logp: ``[B, T]`` behaviour-policy log-probs; None means on-policy, ratio :math:`e^{\log\pi - sg(\log\pi)}`.
         ref_logp: ``[B, T]`` reference log-probs; required when ``config.beta > 0``.
-        token_weights: ``[B, T]`` float multiplicative weights (conflict weights), detached inside.
+        token_weights: ``[B, T]`` float multiplicative weights (conflict weights), detached inside; finite and >= 0
+            on valid tokens (a negative weight flips the update's direction). Not checked here (the loss makes no
+            host sync); :func:`conflict_weights` and ``LossConfig`` refuse negative factors.
         conflict_counts: ``[B]`` counts from :func:`conflict_weights`, used when ``config.conflict_count_norm``
             (default: the number of valid tokens whose weight is not 1).
         rewards, group_size, vocab_size: only for ``entropy_filter="adaptive"`` or ``"coverage"`` (rewards ``[B]``).
