@@ -170,6 +170,12 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         ({"sgrpo_loss": "entropy_filter=coverage"}, ["entropy_filter='coverage'", "whole groups"]),
         ({"sgrpo_preset": "ppo"}, ["sgrpo_preset='ppo'", "expected one of", "s_grpo"]),
         ({"sgrpo_preset": "grpo"}, ["beta=0.04", "GRPOConfig beta=0.0"]),
+        # was AttributeError: 'NoneType' object has no attribute 'split'
+        ({"sgrpo_loss": None}, ["sgrpo_loss=None", "expected a string", "field=value"]),
+        # were accepted here and refused by the ops at the first loss step
+        ({"temperature": 0.0}, ["temperature=0.0", "finite number > 0"]),
+        ({"temperature": -1.0}, ["temperature=-1.0", "finite number > 0"]),
+        ({"temperature": float("nan")}, ["temperature=nan", "finite number > 0"]),
     ],
 )
 def test_config_refuses_bad_values_when_constructed(tmp_path, overrides, words):

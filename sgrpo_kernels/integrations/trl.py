@@ -154,6 +154,9 @@ def _refusal(args: SGRPOConfig, exc: Exception) -> str:
 
 def loss_config(args: SGRPOConfig) -> LossConfig | None:
     """The LossConfig an SGRPOConfig asks for (None: TRL's own loss); a clear error for what TRL cannot serve."""
+    if not isinstance(args.sgrpo_loss, str):
+        raise ValueError(f"SGRPOConfig(sgrpo_loss={args.sgrpo_loss!r}): expected a string of LossConfig overrides "
+                         "'field=value,...' ('' for the preset as it is)")
     if args.sgrpo_preset is None:
         if args.sgrpo_loss:
             raise ValueError(f"SGRPOConfig(sgrpo_preset=None, sgrpo_loss={args.sgrpo_loss!r}): overrides need a "

@@ -60,7 +60,11 @@ def sampler_support(args) -> dict:
     """The `linear_logprobs` / `sgrpo_loss` keywords of the sampler `args` (a GRPOConfig) configures: only the settings
     that cut tokens, so that TRL's defaults give {} and every call is made exactly as without this feature. A setting
     in `generation_kwargs` wins over the field, as it does in TRL. A value TRL's samplers would not honour as the
-    ops do is refused, naming the field."""
+    ops do is refused, naming the field; so is a `temperature` that is not a finite number > 0."""
+    t = args.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise ValueError(f"SGRPOConfig(temperature={t!r}): expected a finite number > 0 (the sampler's temperature; "
+                         "the log-probs divide the logits by it)")
     gen = args.generation_kwargs if isinstance(args.generation_kwargs, dict) else {}
     out: dict = {}
     for name in SAMPLER_FIELDS:
