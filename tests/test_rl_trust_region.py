@@ -212,6 +212,23 @@ def test_manual_mode_and_remove():
     assert tr2.last is None
 
 
+def test_a_param_group_added_after_construction_is_capped_too():
+    # found by an adversarial review: the parameter list was taken once, so a group added later moved 30 under a cap
+    # of 0.1 and `last` measured only the old parameters
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([a], lr=1.0)
+    tr = TrustRegion(opt, 0.1)
+    opt.add_param_group({"params": [b]})
+    (a.sum() * -5 + b.sum() * -10).backward()
+    opt.step()
+    whole = torch.cat([a.detach(), b.detach()])
+    assert tr.last.projected and float(whole.double().norm()) == pytest.approx(0.1, rel=1e-6)
+    step = torch.cat([torch.full((4,), 5.0), torch.full((3,), 10.0)]).double()
+    torch.testing.assert_close(whole.double(), step / step.norm() * 0.1, rtol=1e-6, atol=0)  # the direction kept
+    fixed = TrustRegion(torch.optim.SGD([a], lr=1.0), 0.1, params=[a], attach=False)
+    assert fixed.params == [a]  # given params stay as given
+
+
 @pytest.mark.parametrize(
     "kwargs, words",
     [

@@ -167,6 +167,14 @@ def project_step(
     return TrustRegionStep(before, after, True)
 
 
+def _checked(params: list) -> list[Tensor]:
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor) or not p.is_floating_point():
+            raise TypeError(f"TrustRegion: params[{i}] must be a floating-point tensor, got "
+                            f"{type(p).__name__} {getattr(p, 'dtype', '')}")  # fmt: skip
+    return params
+
+
 class TrustRegion:
     """The trust region on parameters of one optimizer (module docstring), attached through its step hooks.
 
@@ -179,8 +187,8 @@ class TrustRegion:
         tr.last.norm, tr.last.norm_after, tr.last.projected
 
     Args:
-        optimizer: any ``torch.optim.Optimizer``; its parameters (every param group, in order) are the step's
-            vector unless ``params`` is given.
+        optimizer: any ``torch.optim.Optimizer``; its parameters (every param group, in order, read at each step:
+            a group added later is capped too) are the step's vector unless ``params`` is given.
         max_norm: the radius :math:`\\delta > 0`; ``math.inf`` only measures.
         params: the tensors whose step is capped (default: the optimizer's); their order is the order of the norm's
             reduction.
@@ -202,14 +210,9 @@ class TrustRegion:
         self.max_norm = check_max_norm(max_norm)
         self.strict = check_flag("strict", strict)
         check_flag("attach", attach)
-        if params is None:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.params = list(params)
-        for i, p in enumerate(self.params):
-            if not isinstance(p, Tensor) or not p.is_floating_point():
-                raise TypeError(f"TrustRegion: params[{i}] must be a floating-point tensor, got "
-                                f"{type(p).__name__} {getattr(p, 'dtype', '')}")
         self.optimizer = optimizer
+        self._follow = params is None  # the optimizer's parameters as they are at each step (a group added later too)
+        self.params = _checked(self._optimizer_params() if params is None else list(params))
         self.process_group = process_group
         self.old: list[Tensor] | None = None
         self.last: TrustRegionStep | None = None
@@ -223,7 +226,12 @@ class TrustRegion:
     @torch.no_grad()
     def snapshot(self) -> None:
         """Copy the parameters' local values (:math:`\\theta_{old}`); called before each step."""
+        if self._follow:
+            self.params = _checked(self._optimizer_params())
         self.old = [_local(p).detach().clone() for p in self.params]
+
+    def _optimizer_params(self) -> list[Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def project(self) -> TrustRegionStep:
         """Measure the step since :meth:`snapshot` and project it (module docstring); called after each step."""
