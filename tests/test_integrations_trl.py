@@ -148,7 +148,7 @@ def test_conflict_weights_survive_trl_shuffling(tmp_path):
 
 
 def test_errors_for_what_trl_cannot_serve(tmp_path):
-    with pytest.raises(ValueError, match="has beta=0.04 but GRPOConfig beta=0.0"):
+    with pytest.raises(ValueError, match="beta=0.0 .* differs from the preset 'grpo', beta=0.04"):
         trainer(tmp_path, "grpo", "")
     with pytest.raises(ValueError, match="entropy_filter='adaptive'"):
         trainer(tmp_path, "s_grpo", "entropy_filter=adaptive")
@@ -169,7 +169,12 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         # it failed at the first step instead (the loss gets no rewards or group size from TRL's micro-batches)
         ({"sgrpo_loss": "entropy_filter=coverage"}, ["entropy_filter='coverage'", "whole groups"]),
         ({"sgrpo_preset": "ppo"}, ["sgrpo_preset='ppo'", "expected one of", "s_grpo"]),
-        ({"sgrpo_preset": "grpo"}, ["beta=0.04", "GRPOConfig beta=0.0"]),
+        ({"sgrpo_preset": "grpo"}, ["beta=0.0", "beta=0.04", "sgrpo_loss='beta=0.0'"]),
+        # TRL's beta was silently replaced by the preset's whenever both were != 0 (the loss used 0.04)
+        ({"sgrpo_preset": "grpo", "beta": 0.1}, ["beta=0.1", "beta=0.04", "sgrpo_loss='beta=0.1'"]),
+        ({"sgrpo_preset": "grpo", "beta": 0.1, "sgrpo_loss": "epsilon_high=0.3"},
+         ["sgrpo_loss='epsilon_high=0.3,beta=0.1'"]),  # fmt: skip
+        ({"sgrpo_preset": "grpo", "beta": 0.1, "sgrpo_loss": "beta=0.2"}, ["beta=0.1", "sgrpo_loss beta=0.2"]),
         # was AttributeError: 'NoneType' object has no attribute 'split'
         ({"sgrpo_loss": None}, ["sgrpo_loss=None", "expected a string", "field=value"]),
         # were accepted here and refused by the ops at the first loss step
@@ -183,8 +188,17 @@ def test_config_refuses_bad_values_when_constructed(tmp_path, overrides, words):
     the value and the accepted range."""
     from conftest import assert_refused
 
-    kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "beta": 0.0}
-    assert_refused(lambda: SGRPOConfig(**kw, **overrides), ValueError, words)
+    kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "beta": 0.0, **overrides}
+    assert_refused(lambda: SGRPOConfig(**kw), ValueError, words)
+
+
+def test_config_takes_trls_beta_where_the_loss_uses_it(tmp_path):
+    """A beta != the preset's is used when sgrpo_loss says so too."""
+    from sgrpo_kernels.integrations.trl import loss_config
+
+    kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": []}
+    assert loss_config(SGRPOConfig(**kw, sgrpo_preset="grpo", beta=0.1, sgrpo_loss="beta=0.1")).beta == 0.1
+    assert loss_config(SGRPOConfig(**kw, sgrpo_preset="grpo", beta=0.04)).beta == 0.04
 
 
 def test_warns_when_the_filter_removes_every_completion(tmp_path):

@@ -76,8 +76,8 @@ TRL_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_m
 class SGRPOConfig(GRPOConfig):
     """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides, and the trust region.
     TRL's own loss fields (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the
-    loss unless `sgrpo_preset=None`; `beta` must match the preset's (TRL computes the reference log-probs only when
-    beta != 0)."""
+    loss unless `sgrpo_preset=None`; `beta` must equal the loss's (the preset's, or `sgrpo_loss="beta=..."`: TRL
+    computes the reference log-probs only when beta != 0)."""
 
     sgrpo_preset: str | None = field(
         default="s_grpo",
@@ -172,11 +172,7 @@ def loss_config(args: SGRPOConfig) -> LossConfig | None:
             f"with their rewards; TRL shuffles and splits the groups. Use entropy_filter='ln2', a number or "
             f"'quantile:q' (preset {cfg.name!r})"
         )
-    if (cfg.beta != 0) != (args.beta != 0):
-        raise ValueError(
-            f"SGRPOConfig: the preset {cfg.name!r} has beta={cfg.beta} but GRPOConfig beta={args.beta}; set "
-            f"beta={cfg.beta} (TRL loads the reference model and computes its log-probs only when beta != 0)"
-        )
+    _check_beta(args, cfg)
     thr = args.off_policy_mask_threshold
     if thr is not None:
         if cfg.off_policy_mask_threshold is not None and cfg.off_policy_mask_threshold != thr:
@@ -186,6 +182,21 @@ def loss_config(args: SGRPOConfig) -> LossConfig | None:
             )
         cfg = dataclasses.replace(cfg, off_policy_mask_threshold=float(thr))
     return cfg
+
+
+def _check_beta(args: SGRPOConfig, cfg: LossConfig) -> None:
+    """TRL's `beta` (the KL coefficient; TRL loads the reference model only when it is != 0) must be the loss's."""
+    if args.beta == cfg.beta:
+        return
+    if "beta" in parse_overrides(args.sgrpo_loss):
+        raise ValueError(f"SGRPOConfig: beta={args.beta!r} and sgrpo_loss beta={cfg.beta!r} differ; set both to the "
+                         "KL coefficient you want")
+    mine = ",".join(filter(None, (args.sgrpo_loss.strip(), f"beta={args.beta!r}")))
+    raise ValueError(
+        f"SGRPOConfig: beta={args.beta!r} (TRL's KL coefficient) differs from the preset {cfg.name!r}, beta="
+        f"{cfg.beta!r}; to use yours, set sgrpo_loss={mine!r} too; for the preset's, set beta={cfg.beta!r} (TRL loads "
+        "the reference model and computes its log-probs only when beta != 0)"
+    )
 
 
 class SGRPOTrainer(GRPOTrainer):
