@@ -66,6 +66,11 @@ def test_token_truncate_is_todays_tis_bit_for_bit():
         a = rl.sampler_importance_weights(lp.float(), mu.float(), mask, "token_truncate", clip_max=cap)
         b = rl.truncated_importance_weights(lp.float(), mu.float(), mask, cap)
         assert torch.equal(a, b)
+    mu = mu.clone()
+    mu[0, 0], mu[1, 1] = float("nan"), float("nan")  # tokens the sampler did not score: weight 1 (TIS gave NaN)
+    a = rl.sampler_importance_weights(lp, mu, mask, "token_truncate", clip_max=3.0)
+    b = rl.truncated_importance_weights(lp, mu, mask, 3.0)
+    assert torch.equal(a, b) and torch.isfinite(b).all() and b[0, 0] == 1 and b[1, 1] == 1
 
 
 def test_trl_names_and_defaults():

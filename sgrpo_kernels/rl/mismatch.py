@@ -33,7 +33,7 @@ def truncated_importance_weights(trainer_logp: Tensor, sampler_logp: Tensor, mas
     :math:`\pi_\theta`, with the variance bounded by the cap. Detached: a weight, never differentiated.
 
     Args:
-        trainer_logp, sampler_logp: ``[B, T]`` float log-probs of the sampled tokens.
+        trainer_logp, sampler_logp: ``[B, T]`` float log-probs of the sampled tokens; NaN = not scored (weight 1).
         mask: ``[B, T]`` valid tokens (bool, 0/1 or float: non-zero = valid).
         cap: ``C >= 1``.
 
@@ -42,8 +42,8 @@ def truncated_importance_weights(trainer_logp: Tensor, sampler_logp: Tensor, mas
     """
     cap = check_number("cap", cap, low=1.0)
     lp, mu, valid = _inputs(trainer_logp, sampler_logp, mask)
-    w = torch.exp(torch.where(valid, lp - mu, torch.zeros_like(lp))).clamp(max=cap)
-    return w
+    diff = torch.nan_to_num(torch.where(valid, lp - mu, torch.zeros_like(lp)), nan=0.0)  # as sampler_importance_
+    return torch.exp(diff).clamp(max=cap)  # weights: a token the sampler could not score (NaN) is not corrected
 
 
 def logp_mismatch(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
