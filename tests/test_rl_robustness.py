@@ -242,3 +242,17 @@ def test_integer_rewards_reach_the_losss_filters_as_floats(rewards):
     hidden = torch.randn(4, 3, 4, dtype=torch.float64)
     sgrpo_loss(hidden, torch.randn(5, 4, dtype=torch.float64), ids, groups.advantages.double(), mask,
                rl.preset_with("s_grpo", "entropy_filter=coverage"), **groups.loss_kwargs())  # fmt: skip
+
+
+def test_override_text_holds_json_values_with_commas_and_python_spellings():
+    """advantage_options={...} was split at its inner comma; True / 'ln2' were refused; None gave a TypeError from
+    inside ('NoneType' object is not iterable)."""
+    got = rl.parse_overrides('advantage_options={"eps": 1e-6, "unbiased": false}, beta=0.1, positive_only=True, '
+                             "entropy_filter='ln2', name=\"a,b\"")  # fmt: skip
+    assert got == {"advantage_options": {"eps": 1e-6, "unbiased": False}, "beta": 0.1, "positive_only": True,
+                   "entropy_filter": "ln2", "name": "a,b"}  # fmt: skip
+    assert rl.preset_with("grpo", 'advantage_options={"eps":1e-6,"unbiased":false}').advantage_options == {
+        "eps": 1e-6, "unbiased": False}  # fmt: skip
+    for bad in (None, 3, ["beta=0"]):
+        with pytest.raises(TypeError, match=r"overrides must be a 'field=value,...' string"):
+            rl.preset_with("grpo", bad)

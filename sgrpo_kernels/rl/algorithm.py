@@ -242,6 +242,8 @@ def parse_value(text: str):
 
     if text.strip().lower() in ("none", "null"):
         return None
+    if text.strip() in ("True", "False"):  # Python's spelling of JSON's true / false
+        return text.strip() == "True"
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -249,14 +251,33 @@ def parse_value(text: str):
     try:  # nan, inf, -inf: a number that the field's own check then refuses by its value, not as text
         return float(text)
     except ValueError:
-        return text.strip()
+        text = text.strip()
+        return text[1:-1] if len(text) > 1 and text[0] == text[-1] == "'" else text  # 'ln2' as ln2
+
+
+def _items(text: str) -> list[str]:
+    """`text` split at its top-level commas: not inside {...} / [...] or a "string" (a JSON value may hold commas)."""
+    items, start, depth, quoted = [], 0, 0, False
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and ch in "{[":
+            depth += 1
+        elif not quoted and ch in "}]":
+            depth -= 1
+        elif not quoted and depth == 0 and ch == ",":
+            items.append(text[start:i])
+            start = i + 1
+    return [*items, text[start:]]
 
 
 def parse_overrides(text: str) -> dict:
     """``"field=value,..."`` (the bundled trainer's ``--loss`` and the TRL integration's ``sgrpo_loss``) -> a dict of
     LossConfig changes. Field names are checked by :func:`preset_with`, values by ``LossConfig`` itself."""
+    if not isinstance(text, str):
+        raise TypeError(f"overrides must be a 'field=value,...' string, got {type(text).__name__} {text!r}")
     out = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
+    for item in filter(None, (x.strip() for x in _items(text))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise ValueError(f"{item!r} is not field=value")
@@ -268,6 +289,9 @@ def parse_overrides(text: str) -> dict:
 
 def preset_with(name: str, overrides: str | dict = "") -> LossConfig:
     """The preset `name` with `overrides` (a ``"field=value,..."`` string or a dict) applied and validated."""
+    if not isinstance(overrides, str | dict):
+        raise TypeError(f"overrides must be a 'field=value,...' string or a dict, got {type(overrides).__name__} "
+                        f"{overrides!r}")  # fmt: skip
     changes = parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides)
     known = {f.name for f in dataclasses.fields(LossConfig)}
     unknown = sorted(set(changes) - known)
