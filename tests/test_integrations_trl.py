@@ -181,6 +181,8 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         ({"temperature": 0.0}, ["temperature=0.0", "finite number > 0"]),
         ({"temperature": -1.0}, ["temperature=-1.0", "finite number > 0"]),
         ({"temperature": float("nan")}, ["temperature=nan", "finite number > 0"]),
+        ({"sgrpo_preset": "dr_grpo", "max_completion_length": 256, "sgrpo_loss": "max_completion_length=100"},
+         ["max_completion_length=256", "sgrpo_loss max_completion_length=100"]),  # fmt: skip
     ],
 )
 def test_config_refuses_bad_values_when_constructed(tmp_path, overrides, words):
@@ -192,13 +194,32 @@ def test_config_refuses_bad_values_when_constructed(tmp_path, overrides, words):
     assert_refused(lambda: SGRPOConfig(**kw), ValueError, words)
 
 
-def test_config_takes_trls_beta_where_the_loss_uses_it(tmp_path):
-    """A beta != the preset's is used when sgrpo_loss says so too."""
+def test_config_takes_trls_beta_and_completion_length_where_the_loss_uses_them(tmp_path):
+    """A beta != the preset's is used when sgrpo_loss says so too; dr_grpo's normalizer is TRL's max_completion_length
+    (it was None: the loss divided by each micro-batch's padded length)."""
     from sgrpo_kernels.integrations.trl import loss_config
 
     kw = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": []}
     assert loss_config(SGRPOConfig(**kw, sgrpo_preset="grpo", beta=0.1, sgrpo_loss="beta=0.1")).beta == 0.1
     assert loss_config(SGRPOConfig(**kw, sgrpo_preset="grpo", beta=0.04)).beta == 0.04
+    dr = SGRPOConfig(**kw, beta=0.0, sgrpo_preset="dr_grpo", max_completion_length=256)
+    assert loss_config(dr).max_completion_length == 256
+    same = SGRPOConfig(**kw, beta=0.0, sgrpo_preset="dr_grpo", max_completion_length=256,
+                       sgrpo_loss="max_completion_length=256")  # fmt: skip
+    assert loss_config(same).max_completion_length == 256
+    assert loss_config(SGRPOConfig(**kw, beta=0.0, sgrpo_preset="s_grpo")).max_completion_length is None
+
+
+def test_parity_with_trl_dr_grpo_loss(tmp_path):
+    """TRL's loss_type='dr_grpo' divides the token sum by B x max_completion_length; the preset 'dr_grpo' does the same
+    with TRL's max_completion_length (10) on a batch padded to 6 tokens (it divided by 6)."""
+    t = trainer(tmp_path, "dr_grpo", "", loss_type="dr_grpo", epsilon=0.2, temperature=0.7, bf16=False,
+                max_completion_length=10)  # fmt: skip
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1
+    inputs = _inputs(t)
+    assert inputs["completion_ids"].size(1) < t.max_completion_length
+    _both_losses(t, inputs)
 
 
 def test_warns_when_the_filter_removes_every_completion(tmp_path):

@@ -77,7 +77,7 @@ class SGRPOConfig(GRPOConfig):
     """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides, and the trust region.
     TRL's own loss fields (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the
     loss unless `sgrpo_preset=None`; `beta` must equal the loss's (the preset's, or `sgrpo_loss="beta=..."`: TRL
-    computes the reference log-probs only when beta != 0)."""
+    computes the reference log-probs only when beta != 0); `max_completion_length` is the Dr. GRPO normalizer."""
 
     sgrpo_preset: str | None = field(
         default="s_grpo",
@@ -173,6 +173,7 @@ def loss_config(args: SGRPOConfig) -> LossConfig | None:
             f"'quantile:q' (preset {cfg.name!r})"
         )
     _check_beta(args, cfg)
+    cfg = _with_completion_length(args, cfg)
     thr = args.off_policy_mask_threshold
     if thr is not None:
         if cfg.off_policy_mask_threshold is not None and cfg.off_policy_mask_threshold != thr:
@@ -197,6 +198,23 @@ def _check_beta(args: SGRPOConfig, cfg: LossConfig) -> None:
         f"{cfg.beta!r}; to use yours, set sgrpo_loss={mine!r} too; for the preset's, set beta={cfg.beta!r} (TRL loads "
         "the reference model and computes its log-probs only when beta != 0)"
     )
+
+
+def _with_completion_length(args: SGRPOConfig, cfg: LossConfig) -> LossConfig:
+    """loss_agg='seq-mean-token-sum-norm' (dr_grpo) divides by B x max_completion_length, as TRL's loss_type='dr_grpo':
+    TRL's `max_completion_length`, not each micro-batch's padded length."""
+    mcl = args.max_completion_length
+    if cfg.loss_agg != "seq-mean-token-sum-norm" or mcl is None or cfg.max_completion_length == mcl:
+        return cfg
+    if cfg.max_completion_length is not None:
+        raise ValueError(
+            f"SGRPOConfig: max_completion_length={mcl!r} and sgrpo_loss max_completion_length="
+            f"{cfg.max_completion_length!r} differ (loss_agg='seq-mean-token-sum-norm' divides by it); set one of them"
+        )
+    try:
+        return dataclasses.replace(cfg, max_completion_length=mcl)
+    except (TypeError, ValueError):
+        raise ValueError(f"SGRPOConfig(max_completion_length={mcl!r}): expected an int >= 1") from None
 
 
 class SGRPOTrainer(GRPOTrainer):
