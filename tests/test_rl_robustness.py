@@ -256,3 +256,18 @@ def test_override_text_holds_json_values_with_commas_and_python_spellings():
     for bad in (None, 3, ["beta=0"]):
         with pytest.raises(TypeError, match=r"overrides must be a 'field=value,...' string"):
             rl.preset_with("grpo", bad)
+
+
+@pytest.mark.parametrize("call, err, match", [
+    (lambda h, a: rl.top_entropy_mask(h, a, 2.0), ValueError, r"rho must be <= 1.0, got 2.0"),  # k out of range
+    (lambda h, a: rl.top_entropy_mask(h, a, math.nan), ValueError, r"rho must be finite"),  # cannot convert NaN
+    (lambda h, a: rl.top_entropy_mask(h, a, 0.0), ValueError, r"rho must be > 0.0"),  # silently kept one token
+    (lambda h, a: rl.top_entropy_mask(h, a.float(), 0.5), TypeError, r"active must be a bool tensor"),  # IndexError
+    (lambda h, a: rl.completion_entropy(h, a[:, :2]), ValueError, r"completion_entropy: mask must be a tensor of "
+                                                                     r"entropy's shape \(2, 3\), got \(2, 2\)"),
+    (lambda h, a: rl.entropy_threshold("quantile:0.5", h[:, 0], a[:, 0].float()), TypeError,
+     r"seq_valid must be a bool tensor"),  # NotImplementedError: "bitwise_and_cpu" not implemented for 'Float'
+])  # fmt: skip
+def test_entropy_helpers_refuse_bad_inputs_naming_them(call, err, match):
+    with pytest.raises(err, match=match):
+        call(torch.rand(2, 3), torch.ones(2, 3, dtype=torch.bool))

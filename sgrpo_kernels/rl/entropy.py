@@ -28,11 +28,20 @@ __all__ = [
 LN2 = math.log(2.0)
 
 
+def _check_pair(where: str, entropy: object, name: str, mask: object) -> None:
+    """entropy a float tensor and `name` a tensor of its shape (no value check: no host sync)."""
+    check_float_tensor("entropy", entropy)
+    if not isinstance(mask, Tensor) or mask.shape != entropy.shape:
+        got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{where}: {name} must be a tensor of entropy's shape {tuple(entropy.shape)}, got {got}")
+
+
 def completion_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
     r"""Mean token entropy of each completion, :math:`\langle H\rangle_i = \sum_t m_{it} H_{it} / \sum_t m_{it}`.
 
     entropy, mask: ``[B, T]`` (mask bool or float). Returns ``[B]`` (0 for a completion without valid tokens), detached.
     """
+    _check_pair("completion_entropy", entropy, "mask", mask)
     m = mask.to(entropy.dtype)
     h = torch.where(m != 0, entropy.detach(), torch.zeros_like(entropy))
     n = m.sum(dim=1)
@@ -179,6 +188,10 @@ def entropy_threshold(
     completion mean entropies over non-empty completions, or :func:`adaptive_entropy_threshold`) or, for
     ``"coverage"``, a ``[B]`` tensor (each completion's group's :func:`coverage_entropy_threshold`)."""
     kind, value = parse_entropy_filter(spec)
+    _check_pair("entropy_threshold", mean_entropy, "seq_valid", seq_valid)
+    if seq_valid.dtype != torch.bool:
+        raise TypeError(f"entropy_threshold: seq_valid must be a bool tensor ([B], True = a non-empty completion), "
+                        f"got dtype {seq_valid.dtype}")  # fmt: skip
     dev, dt = mean_entropy.device, mean_entropy.dtype
     if kind == "fixed":
         return torch.tensor(value, dtype=dt, device=dev)
@@ -209,6 +222,10 @@ def top_entropy_mask(entropy: Tensor, active: Tensor, rho: float) -> Tensor:
     Source: "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective RL" (arXiv 2506.01939), rho = 0.2;
     verl/TRL ``top_entropy_quantile``. entropy, active: ``[B, T]``. Returns a bool ``[B, T]`` (False where inactive).
     """
+    _check_pair("top_entropy_mask", entropy, "active", active)
+    if active.dtype != torch.bool:
+        raise TypeError(f"top_entropy_mask: active must be a bool tensor, got dtype {active.dtype}")
+    rho = check_number("rho", rho, low=0.0, low_open=True, high=1.0)
     h = entropy.detach()
     vals = h[active]
     n = vals.numel()
