@@ -118,7 +118,15 @@ def run_many(
     sources: list[str | FunctionCheck], limits: Limits | None = None, max_workers: int | None = None
 ) -> list[SandboxResult]:
     """`run_python` of each str, `run_check` of each FunctionCheck, at most `max_workers` at a time (default: min(8,
-    CPU count)); results in order."""
+    CPU count)); results in order. `sources` is a list (or tuple) of them, each checked before any runs: TypeError
+    naming the first bad item's index."""
+    if isinstance(sources, str | bytes) or not isinstance(sources, list | tuple):
+        raise TypeError(
+            f"sources: expected a list of source strings (or FunctionChecks), got {type(sources).__name__}"
+        )
+    for i, job in enumerate(sources):
+        if not isinstance(job, str | FunctionCheck):
+            raise TypeError(f"sources[{i}]: expected a source str or a FunctionCheck, got {type(job).__name__}")
     if max_workers is None:
         max_workers = min(8, os.cpu_count() or 1)
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
