@@ -291,33 +291,48 @@ def test_registration_through_entry_point():
     assert off.returncode == 0 and off.stdout.strip().endswith("[]"), off.stderr[-2000:]
 
 
+def _verl_default_config():
+    """verl's own default PPO config (hydra), with rollout.n=4 and loss_mode=s_grpo."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.n=4",
+                                                             "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo"])
+
+
 def test_trainer_refuses_what_the_loss_does_not_serve():
     """The sgrpo trainer's config check (before any worker starts), on verl's own default PPO config."""
     pytest.importorskip("transfer_queue")
-    from hydra import compose, initialize_config_module
-    from omegaconf import open_dict
-
     from sgrpo_kernels.integrations.verl.trainer import check_verl_config
 
-    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        base = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.n=4",
-                                                             "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo"])
+    base = _verl_default_config()
     cfg = loss_config(base.actor_rollout_ref.actor.policy_loss)
     assert cfg == rl.preset("s_grpo")
     check_verl_config(base, cfg)  # verl's defaults (no KL loss, no entropy bonus, no KL in reward) pass
     for key, value, words in [("actor_rollout_ref.actor.use_kl_loss", True, "use_kl_loss=True"),
                               ("actor_rollout_ref.actor.entropy_coeff", 0.01, "entropy_coeff=0.01"),
                               ("algorithm.use_kl_in_reward", True, "use_kl_in_reward=True"),
-                              ("actor_rollout_ref.rollout.n", 1, "rollout.n=1")]:  # fmt: skip
-        bad = base.copy()
-        with open_dict(bad):
-            parent, leaf = key.rsplit(".", 1)
-            node = bad
-            for part in parent.split("."):
-                node = node[part]
-            node[leaf] = value
+                              ("actor_rollout_ref.rollout.n", 1, "rollout.n=1"),
+                              # was TypeError: '<' not supported between instances of 'NoneType' and 'int'
+                              ("actor_rollout_ref.rollout.n", None, ["rollout.n=None", "int >= 2"]),
+                              ("actor_rollout_ref.rollout.n", 2.5, ["rollout.n=2.5", "int >= 2"])]:  # fmt: skip
+        bad = _with(base, key, value)
         assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words)
     assert_refused(lambda: check_verl_config(base, dataclasses.replace(cfg, beta=0.04)), ValueError, "beta=0.04")
+
+
+def _with(config, key: str, value):
+    """A copy of the OmegaConf `config` with the dotted `key` set to `value`."""
+    from omegaconf import open_dict
+
+    out = config.copy()
+    with open_dict(out):
+        parent, leaf = key.rsplit(".", 1)
+        node = out
+        for part in parent.split("."):
+            node = node[part]
+        node[leaf] = value
+    return out
 
 
 # ------------------------------------------------------------------ the field's losses against verl's own functions

@@ -60,8 +60,9 @@ def check_verl_config(config, cfg: LossConfig) -> None:
             "by the verl plugin yet; expected beta=0"
         )
     n = config.actor_rollout_ref.rollout.n
-    if n < 2:
-        raise ValueError(f"actor_rollout_ref.rollout.n={n}: group-relative losses need n >= 2 completions per prompt")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"actor_rollout_ref.rollout.n={n!r}: expected an int >= 2 (group-relative losses need n >= 2 "
+                         "completions per prompt)")
 
 
 @register_trainer(TRAINER_MODE)
