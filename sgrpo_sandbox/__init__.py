@@ -102,6 +102,7 @@ only: importing it loads no torch and nothing of the trainer.
 from .run import (
     CHECKER_UID_OFFSET,
     GRACE_S,
+    LIMITS_MAX,
     OUTPUT_TAIL,
     STATUSES,
     UID_BASE,
@@ -118,6 +119,7 @@ from .run import (
 __all__ = [
     "CHECKER_UID_OFFSET",
     "GRACE_S",
+    "LIMITS_MAX",
     "OUTPUT_TAIL",
     "STATUSES",
     "UID_BASE",

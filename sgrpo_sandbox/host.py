@@ -25,7 +25,7 @@ def read_output(proc: subprocess.Popen, cap: int, deadline: float) -> tuple[byte
     chunks, total, truncated = [], 0, False
     try:
         while (left := deadline - time.monotonic()) > 0:
-            if not poller.poll(left * 1000):
+            if not poller.poll(min(left, 3600.0) * 1000):  # poll takes a C int of milliseconds
                 continue
             try:
                 data = os.read(fd, 65536)

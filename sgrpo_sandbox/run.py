@@ -27,6 +27,18 @@ CHECKER_UID_OFFSET = 1 << 22  # as in boot.py: the checker runs as the program's
 GRACE_S = 10.0  # the bootstrap's own start and cleanup, beyond the program's deadline
 OUTPUT_TAIL = 2000  # characters of output kept in a result
 STATUSES = ("passed", "failed", "timeout", "error")
+# the largest value of each Limits field: the OS calls take no more (poll's int milliseconds, setrlimit's C long,
+# RLIMIT_CPU converted to nanoseconds, RLIMIT_NOFILE at most fs.nr_open, by default 2**20), with margin
+LIMITS_MAX = {
+    "timeout_s": 2_000_000.0,  # about 23 days
+    "cpu_s": 2**31 - 1,
+    "memory_mb": 2**40,  # MiB: 1 EiB
+    "file_mb": 2**40,
+    "tmp_mb": 2**40,
+    "processes": 2**31 - 1,
+    "open_files": 2**20,
+    "output_bytes": 2**40,
+}
 _ENV = {"PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1"}
 _MODULES = ("boot", "jail", "protocol")  # what the bootstrap runs, all in this directory
 # the bootstrap loaded by its file path (boot.pyc in the private directory, or boot.py here) under a private module
@@ -40,7 +52,8 @@ _LAUNCH = (
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-program limits. Every field is a positive number; ValueError names a field that is not."""
+    """Per-program limits. Every field is a positive number at most LIMITS_MAX[field]; ValueError names a field that
+    is not, its value and the bound."""
 
     timeout_s: float = 5.0  # wall clock from the program's start; then it and its descendants are killed
     cpu_s: int = 5  # RLIMIT_CPU per process (SIGXCPU, SIGKILL a second later)
@@ -58,6 +71,8 @@ class Limits:
                 raise ValueError(f"Limits.{name}={value!r}: expected a positive finite {kind.__name__}")
             if kind is int and not isinstance(value, int):
                 raise ValueError(f"Limits.{name}={value!r}: expected a positive integer")
+            if value > LIMITS_MAX[name]:
+                raise ValueError(f"Limits.{name}={value!r}: at most {LIMITS_MAX[name]!r} (LIMITS_MAX)")
 
 
 @dataclass(frozen=True)
@@ -121,9 +136,7 @@ def run_many(
     CPU count)); results in order. `sources` is a list (or tuple) of them, each checked before any runs: TypeError
     naming the first bad item's index."""
     if isinstance(sources, str | bytes) or not isinstance(sources, list | tuple):
-        raise TypeError(
-            f"sources: expected a list of source strings (or FunctionChecks), got {type(sources).__name__}"
-        )
+        raise TypeError(f"sources: expected a list of source strings (or FunctionChecks), got {type(sources).__name__}")
     for i, job in enumerate(sources):
         if not isinstance(job, str | FunctionCheck):
             raise TypeError(f"sources[{i}]: expected a source str or a FunctionCheck, got {type(job).__name__}")

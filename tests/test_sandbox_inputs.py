@@ -5,9 +5,11 @@ answer is too long. The programs here are trivial, with small limits."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from sgrpo_sandbox import FunctionCheck, Limits, run_many
+from sgrpo_sandbox import FunctionCheck, Limits, run_many, run_python
 
 FAST = Limits(timeout_s=3.0, cpu_s=2, memory_mb=256, processes=8)
 
@@ -24,3 +26,29 @@ def test_run_many_names_the_index_of_a_bad_item():
         run_many(["print(1)", 5], FAST)
     check = FunctionCheck("def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
     assert [r.status for r in run_many(("pass", check), FAST)] == ["passed", "passed"]  # a tuple, both kinds
+
+
+BEYOND = {  # each was accepted, then failed every run (OverflowError) or, for timeout_s, raised from poll()
+    "timeout_s": (2.2e6, 2_000_000.0),
+    "cpu_s": (10**30, 2**31 - 1),
+    "memory_mb": (10**15, 2**40),
+    "file_mb": (10**13, 2**40),
+    "tmp_mb": (2**41, 2**40),
+    "processes": (2**31, 2**31 - 1),
+    "open_files": (2**20 + 1, 2**20),
+    "output_bytes": (2**41, 2**40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEYOND))
+def test_limits_beyond_their_maximum_are_refused(name):
+    value, most = BEYOND[name]
+    with pytest.raises(ValueError, match=rf"^Limits\.{name}={re.escape(repr(value))}: at most {re.escape(repr(most))}"):
+        Limits(**{name: value})
+
+
+def test_limits_at_their_maximum_run():
+    """Every maximum at once is a limit the OS takes: a trivial program passes under it."""
+    limits = Limits(**{name: most for name, (_, most) in BEYOND.items()})
+    r = run_python("print('hi')", limits)
+    assert (r.status, r.output) == ("passed", "hi\n"), r
