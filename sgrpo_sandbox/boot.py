@@ -52,6 +52,7 @@ sys.path[:] = [p for p in sys.path if p != ""]
 UID_BASE = 2_000_000_000  # the program's uid/gid: UID_BASE + the outer's pid (owned by no account)
 CHECKER_UID_OFFSET = 1 << 22  # the checker's: beyond any pid (PID_MAX_LIMIT), so no sandbox's uids collide
 WORKDIR = "/tmp/sandbox"  # inside the private /tmp
+START_MB = 1  # beyond the address space at the fork: what compiling and starting a small program takes
 CANDIDATE_NAME = "candidate"  # a check's program is not __main__: its `if __name__ == "__main__"` block does not run
 
 
@@ -197,8 +198,11 @@ def _supervise(cfg: dict, program: str, check, iso: dict, uids: list, alive_fd: 
         if not iso["contained"]:
             for uid in uids:
                 sos.kill_uid(uid)  # a leftover of an earlier sandbox that had this pid (its supervisor was killed)
-    code = None
-    if check is None:
+    code, need = None, sos.address_space_mb() + START_MB  # a child forked now has this address space
+    if limits["memory_mb"] < need:  # not even the program's first line would run (nor a traceback be printed)
+        verdict = "error"
+        detail = f"the interpreter could not start under memory_mb={limits['memory_mb']}: it needs about {need:.0f} MiB"
+    elif check is None:
         verdict, code = _run(path, program, limits, uids[0], workdir)
         detail = ""
     else:

@@ -173,6 +173,16 @@ def _tasks_of_uid(uid: int) -> int:
     return n
 
 
+def address_space_mb() -> float:
+    """This process's address space in MiB (what RLIMIT_AS bounds; a child forked now starts with as much); 0 when
+    /proc cannot say."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") / MB
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def confine(limits: dict, uid: int | None, fds: list[int], workdir: str, path: str | None) -> None:
     """In a freshly forked child: stdin, stdout, stderr and `fds` (renumbered 3, 4, ...) the only open files; core
     dumps off and the resource limits; as root, setgroups([]), setgid and setuid to `uid`; SIGKILL when the

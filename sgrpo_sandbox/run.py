@@ -39,6 +39,10 @@ LIMITS_MAX = {
     "open_files": 2**20,
     "output_bytes": 2**40,
 }
+# the smallest memory_mb: the sandbox's interpreter takes about 13 MiB of address space before the program's first
+# line (CPython 3.11, x86-64; it fails below that); the rest is room for the program. A larger interpreter that does
+# not fit its limit is reported as an error (boot.py)
+MIN_MEMORY_MB = 32
 _ENV = {"PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1"}
 _MODULES = ("boot", "jail", "protocol")  # what the bootstrap runs, all in this directory
 # the bootstrap loaded by its file path (boot.pyc in the private directory, or boot.py here) under a private module
@@ -52,8 +56,8 @@ _LAUNCH = (
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-program limits. Every field is a positive number at most LIMITS_MAX[field]; ValueError names a field that
-    is not, its value and the bound."""
+    """Per-program limits. Every field is a positive number at most LIMITS_MAX[field], and memory_mb at least
+    MIN_MEMORY_MB; ValueError names a field that is not, its value and the bound."""
 
     timeout_s: float = 5.0  # wall clock from the program's start; then it and its descendants are killed
     cpu_s: int = 5  # RLIMIT_CPU per process (SIGXCPU, SIGKILL a second later)
@@ -73,6 +77,11 @@ class Limits:
                 raise ValueError(f"Limits.{name}={value!r}: expected a positive integer")
             if value > LIMITS_MAX[name]:
                 raise ValueError(f"Limits.{name}={value!r}: at most {LIMITS_MAX[name]!r} (LIMITS_MAX)")
+        if self.memory_mb < MIN_MEMORY_MB:
+            raise ValueError(
+                f"Limits.memory_mb={self.memory_mb!r}: at least {MIN_MEMORY_MB} (MIN_MEMORY_MB): the interpreter alone "
+                "takes about 13 MiB of address space"
+            )
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from sgrpo_sandbox import FunctionCheck, Limits, run_many, run_python
+from sgrpo_sandbox import FunctionCheck, Limits, run_check, run_many, run_python
 
-FAST = Limits(timeout_s=3.0, cpu_s=2, memory_mb=256, processes=8)
+FAST = Limits(timeout_s=20.0, cpu_s=2, memory_mb=256, processes=8)
 
 
 def test_run_many_refuses_a_str_for_the_list():
@@ -52,3 +52,24 @@ def test_limits_at_their_maximum_run():
     limits = Limits(**{name: most for name, (_, most) in BEYOND.items()})
     r = run_python("print('hi')", limits)
     assert (r.status, r.output) == ("passed", "hi\n"), r
+
+
+ONE = FunctionCheck("def f():\n    return 1\n", "def check(c):\n    assert c() == 1\n", "f")
+
+
+def test_memory_below_the_minimum_is_refused():
+    """memory_mb=8 ran as `failed`, exit 1, no output, no detail (run_check: an error blaming the test)."""
+    with pytest.raises(ValueError, match=r"^Limits\.memory_mb=8: at least 32 \(MIN_MEMORY_MB\)"):
+        Limits(memory_mb=8)
+    assert Limits(memory_mb=32).memory_mb == 32
+
+
+def test_an_interpreter_that_cannot_start_under_its_limit_is_an_error():
+    """What an interpreter larger than MIN_MEMORY_MB would meet: the result says why, and blames neither the program
+    nor the test. (The limit is set past Limits' own check.)"""
+    limits = Limits(timeout_s=20.0, cpu_s=2, memory_mb=256)
+    object.__setattr__(limits, "memory_mb", 8)
+    for r in (run_python("print('hi')", limits), run_check(ONE, limits)):
+        assert (r.status, r.exit_code) == ("error", None), r
+        assert r.detail.startswith("the interpreter could not start under memory_mb=8: it needs about "), r.detail
+    assert run_python("print('hi')", Limits(timeout_s=20.0, cpu_s=2, memory_mb=32)).output == "hi\n"
