@@ -96,8 +96,7 @@ class FunctionCheck:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if not isinstance(value, str):
-                raise TypeError(f"FunctionCheck.{name}: expected str, got {type(value).__name__}")
+            _text(value, f"FunctionCheck.{name}", "str")
         if not self.entry_point.isidentifier():
             raise ValueError(f"FunctionCheck.entry_point={self.entry_point!r}: expected a Python identifier")
 
@@ -124,9 +123,8 @@ class SandboxResult:
 def run_python(source: str, limits: Limits | None = None) -> SandboxResult:
     """Run the Python program `source` in the sandbox (module docstring) and wait for it: at most
     `limits.timeout_s + GRACE_S` seconds. Its status is its exit status: not a verdict (use `run_check`)."""
-    if not isinstance(source, str):
-        raise TypeError(f"source: expected the program as str, got {type(source).__name__}")
-    return _run(source, None, limits or Limits())
+    _text(source, "source", "the program as str")
+    return _run(source, None, _limits(limits))
 
 
 def run_check(check: FunctionCheck, limits: Limits | None = None) -> SandboxResult:
@@ -135,7 +133,7 @@ def run_check(check: FunctionCheck, limits: Limits | None = None) -> SandboxResu
     `limits.timeout_s + GRACE_S` seconds."""
     if not isinstance(check, FunctionCheck):
         raise TypeError(f"check: expected a FunctionCheck, got {type(check).__name__}")
-    return _run(check.program, check, limits or Limits())
+    return _run(check.program, check, _limits(limits))
 
 
 def run_many(
@@ -147,8 +145,9 @@ def run_many(
     if isinstance(sources, str | bytes) or not isinstance(sources, list | tuple):
         raise TypeError(f"sources: expected a list of source strings (or FunctionChecks), got {type(sources).__name__}")
     for i, job in enumerate(sources):
-        if not isinstance(job, str | FunctionCheck):
-            raise TypeError(f"sources[{i}]: expected a source str or a FunctionCheck, got {type(job).__name__}")
+        if not isinstance(job, FunctionCheck):
+            _text(job, f"sources[{i}]", "a source str or a FunctionCheck")
+    limits = _limits(limits)
     if max_workers is None:
         max_workers = min(8, os.cpu_count() or 1)
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
@@ -188,6 +187,27 @@ def describe_isolation() -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
+
+
+def _limits(limits) -> Limits:
+    if limits is None:
+        return Limits()
+    if not isinstance(limits, Limits):
+        raise TypeError(f"limits: expected a Limits (sgrpo_sandbox.Limits) or None, got {type(limits).__name__}")
+    return limits
+
+
+def _text(value, name: str, expected: str) -> None:
+    """TypeError unless `value` is a str; ValueError naming `name` and the position when it cannot be written as
+    UTF-8 (a lone surrogate such as '\\ud800': the program file is UTF-8)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name}: character {exc.start} is {value[exc.start]!r}, a lone surrogate, which UTF-8 cannot encode"
+        ) from None
 
 
 @functools.cache

@@ -73,3 +73,26 @@ def test_an_interpreter_that_cannot_start_under_its_limit_is_an_error():
         assert (r.status, r.exit_code) == ("error", None), r
         assert r.detail.startswith("the interpreter could not start under memory_mb=8: it needs about "), r.detail
     assert run_python("print('hi')", Limits(timeout_s=20.0, cpu_s=2, memory_mb=32)).output == "hi\n"
+
+
+def test_limits_of_the_wrong_type_are_refused_by_name():
+    """A dict for `limits` failed with AttributeError ('dict' object has no attribute 'timeout_s')."""
+    calls = (
+        lambda: run_python("pass", {"timeout_s": 1}),
+        lambda: run_check(ONE, {"timeout_s": 1}),
+        lambda: run_many(["pass"], {"timeout_s": 1}),
+    )
+    for call in calls:
+        with pytest.raises(TypeError, match=r"^limits: expected a Limits .*got dict"):
+            call()
+
+
+def test_a_lone_surrogate_is_refused_by_name():
+    """It cannot be written to the program file (UTF-8): a bare UnicodeEncodeError named neither argument."""
+    with pytest.raises(ValueError, match=r"^source: character 7 is '\\ud800', a lone surrogate"):
+        run_python("print('\ud800')", FAST)
+    with pytest.raises(ValueError, match=r"^sources\[1\]: character 1 is '\\udc00', a lone surrogate"):
+        run_many(["pass", "'\udc00'"], FAST)
+    with pytest.raises(ValueError, match=r"^FunctionCheck\.program: character 5 is '\\ud800'"):
+        FunctionCheck("x = '\ud800'", ONE.test, "f")
+    assert run_python("print('\u00e9\U0001f600')", FAST).output == "\u00e9\U0001f600\n"  # any other text runs
