@@ -250,10 +250,10 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int):
         self.read_fd, self.write_fd, self.buffer = read_fd, write_fd, b""
 
-    def send(self, message) -> None:
+    def send(self, message, what: str = "a message") -> None:
         data = dumps(message).encode() + b"\n"
         if len(data) > MAX_MESSAGE:
-            raise ValueError(f"a message of {len(data)} bytes (at most {MAX_MESSAGE})")
+            raise ValueError(f"{what} of {len(data)} bytes exceeds the limit of {MAX_MESSAGE} bytes (MAX_MESSAGE)")
         view = memoryview(data)
         while view:
             view = view[os.write(self.write_fd, view) :]
@@ -263,7 +263,7 @@ class Channel:
         chunks, size = [self.buffer], len(self.buffer)
         while end < 0:
             if size > MAX_MESSAGE:
-                raise ProtocolError(f"a message over {MAX_MESSAGE} bytes")
+                raise ProtocolError(f"a message longer than the limit of {MAX_MESSAGE} bytes (MAX_MESSAGE)")
             chunk = os.read(self.read_fd, 1 << 16)
             if not chunk:
                 raise ProtocolError("the other side closed the channel")
@@ -297,7 +297,11 @@ def serve(namespace: dict, entry_point: str, channel: Channel) -> None:
             return
         reply = _answer(function, call)
         flush_streams()
-        channel.send(reply)
+        try:
+            channel.send(reply, "the reply")
+        except ValueError as exc:  # too long: say so (a closed channel would hide why)
+            channel.send({"call": reply["call"], "error": str(exc)})
+            return
         if "value" not in reply:
             return
 
@@ -359,12 +363,13 @@ class StandIn:
 
     def __call__(self, *args, **kwargs):
         if self.failure is None:
+            n = self.calls  # this call's number (_call counts it)
             try:
                 return self._call(args, kwargs)
             except CandidateFailure as exc:
                 self.failure = str(exc)
             except (ProtocolError, OSError, ValueError, TypeError, KeyError, RecursionError, MemoryError) as exc:
-                self.failure = f"call {self.calls}: no well-formed answer ({type(exc).__name__}: {exc})"
+                self.failure = f"call {n}: no well-formed answer ({type(exc).__name__}: {exc})"
         raise CandidateFailure(self.failure)
 
     def _call(self, args: tuple, kwargs: dict):
@@ -373,9 +378,9 @@ class StandIn:
         try:
             message = {"call": n, "args": [encoder.value(a) for a in args]}
             message["kwargs"] = {k: encoder.value(v) for k, v in kwargs.items()}
+            self.channel.send(message, "the call")
         except ValueError as exc:
             raise CandidateFailure(f"call {n}: the test's arguments cannot be sent ({exc})") from None
-        self.channel.send(message)
         reply = self.channel.receive()
         if not isinstance(reply, dict) or reply.get("call") != n:
             raise ProtocolError("an answer to another call")

@@ -96,3 +96,37 @@ def test_a_lone_surrogate_is_refused_by_name():
     with pytest.raises(ValueError, match=r"^FunctionCheck\.program: character 5 is '\\ud800'"):
         FunctionCheck("x = '\ud800'", ONE.test, "f")
     assert run_python("print('\u00e9\U0001f600')", FAST).output == "\u00e9\U0001f600\n"  # any other text runs
+
+
+def _check(program: str, test: str) -> str:
+    r = run_check(FunctionCheck(program, test, "f"), Limits(timeout_s=30.0, cpu_s=10, memory_mb=512))
+    assert r.status == "failed", r
+    return r.detail
+
+
+def test_a_reply_over_the_message_limit_names_its_call_and_the_limit():
+    """A 5 MiB value was "call 1: no well-formed answer (ProtocolError: the other side closed the channel)": the
+    first call is call 0, and the limit was the reason."""
+    detail = _check("def f():\n    return 'x' * (5 << 20)\n", "def check(c):\n    c()\n")
+    assert detail.startswith("call 0: its value cannot be sent: the reply of "), detail
+    assert detail.endswith(" bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE)"), detail
+
+
+def test_an_oversized_line_from_the_candidate_names_the_limit():
+    program = "def f():\n    import os\n    os.write(4, b'1' * (5 << 20))\n"
+    detail = _check(program, "def check(c):\n    c()\n")
+    assert detail == (
+        "call 0: no well-formed answer (ProtocolError: a message longer than the limit of 4194304 bytes (MAX_MESSAGE))"
+    )
+
+
+def test_arguments_over_the_message_limit_name_the_call():
+    detail = _check("def f(x):\n    return x\n", "def check(c):\n    c(1)\n    c('x' * (5 << 20))\n")
+    assert detail.startswith("call 1: the test's arguments cannot be sent (the call of "), detail
+    assert detail.endswith(" bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE))"), detail
+
+
+def test_failed_calls_are_numbered_from_zero():
+    program = "def f(x):\n    if x:\n        import os\n        os._exit(0)\n    return x\n"
+    detail = _check(program, "def check(c):\n    assert c(0) == 0\n    c(1)\n")
+    assert detail == "call 1: no well-formed answer (ProtocolError: the other side closed the channel)"
