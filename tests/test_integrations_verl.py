@@ -321,6 +321,42 @@ def test_trainer_refuses_what_the_loss_does_not_serve():
     assert_refused(lambda: check_verl_config(base, dataclasses.replace(cfg, beta=0.04)), ValueError, "beta=0.04")
 
 
+def test_trainer_refuses_verl_loss_settings_the_loss_would_ignore():
+    """verl's clip ratios, loss_agg_mode, ... are refused when the sgrpo loss would not use them (they were accepted,
+    and the loss used the preset's 0.2, seq-mean-token-mean, ...), naming the sgrpo_loss override that sets them;
+    verl's defaults (read as "not set") and values equal to the loss's pass."""
+    pytest.importorskip("transfer_queue")
+    from sgrpo_kernels.integrations.verl.trainer import check_verl_config
+
+    base = _verl_default_config()
+    cfg = loss_config(base.actor_rollout_ref.actor.policy_loss)
+    actor, pl = "actor_rollout_ref.actor", "actor_rollout_ref.actor.policy_loss"
+    for key, value, words in [(f"{actor}.clip_ratio_high", 0.28, ["clip_ratio_high=0.28", "epsilon_high=0.2",
+                                                                  'sgrpo_loss="epsilon_high=0.28"', "SGRPOPolicy"]),
+                              (f"{actor}.clip_ratio_low", 0.1, ["clip_ratio_low=0.1", 'sgrpo_loss="epsilon_low=0.1"']),
+                              (f"{actor}.clip_ratio", 0.3, ['sgrpo_loss="epsilon_low=0.3,epsilon_high=0.3"']),
+                              (f"{actor}.clip_ratio_c", 10.0, ["clip_ratio_c=10.0", 'sgrpo_loss="dual_clip=10.0"']),
+                              (f"{actor}.loss_agg_mode", "seq-mean-token-sum",
+                               ["loss_agg_mode='seq-mean-token-sum'", 'sgrpo_loss="loss_agg=seq-mean-token-sum"']),
+                              (f"{actor}.loss_scale_factor", 512, ['sgrpo_loss="max_completion_length=512"']),
+                              (f"{actor}.tau_pos", 2.0, ["tau_pos=2.0", 'sgrpo_loss="sapo_tau_pos=2.0"']),
+                              (f"{pl}.clip_cov_ratio", 0.05, ["policy_loss.clip_cov_ratio=0.05", "cov_ratio=0.05"]),
+                              (f"{pl}.dro_beta", 0.5, ["policy_loss.dro_beta=0.5", "no such setting"])]:  # fmt: skip
+        bad = _with(base, key, value)
+        assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words)
+    # a verl setting equal to what the loss uses passes: set on our side (sgrpo_loss), or the preset's own value
+    for key, value, changes in [(f"{actor}.clip_ratio_high", 0.28, {"epsilon_high": 0.28}),
+                                (f"{actor}.clip_ratio_c", 10.0, {"dual_clip": 10.0}),
+                                (f"{actor}.loss_agg_mode", "seq-mean-token-mean", {}),
+                                (f"{actor}.loss_agg_mode", "token-mean", {"loss_agg": "token-mean"})]:  # fmt: skip
+        check_verl_config(_with(base, key, value), dataclasses.replace(cfg, **changes))
+    dppo = dataclasses.replace(cfg, policy_term="dppo_tv")
+    assert_refused(lambda: check_verl_config(_with(base, f"{actor}.clip_ratio_c", 10.0), dppo), ValueError,
+                   'sgrpo_loss="dppo_ratio_cap=10.0"')  # fmt: skip
+    from_keys = loss_config({"loss_mode": "s_grpo", "sgrpo_loss": "epsilon_high=0.28"})  # the suggested override
+    check_verl_config(_with(base, f"{actor}.clip_ratio_high", 0.28), from_keys)
+
+
 def _with(config, key: str, value):
     """A copy of the OmegaConf `config` with the dotted `key` set to `value`."""
     from omegaconf import open_dict

@@ -4,13 +4,14 @@ same one from the same keys)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from verl.workers.config import PolicyLossConfig
+from verl.workers.config import ActorConfig, PolicyLossConfig
 
 from sgrpo_kernels.rl import LossConfig, preset_with
 
-__all__ = ["POLICY_LOSSES", "SGRPOPolicyLossConfig", "loss_config", "uses_sgrpo"]
+__all__ = ["POLICY_LOSSES", "SGRPOPolicyLossConfig", "check_loss_keys", "loss_config", "uses_sgrpo"]
 
 # The presets verl users reach by `policy_loss.loss_mode`: S-GRPO, GTPO (paper and official code) and S-GRPO's
 # ablations. Not registered: grpo / dapo / gspo / dr_grpo / lite_ppo, which verl has natively (and `gspo` is one of
@@ -62,3 +63,63 @@ def loss_config(policy_loss) -> LossConfig:
             "batch's T is not a constant)"
         )
     return cfg
+
+
+# verl's keys of its own policy losses -> the LossConfig fields that play their part in ours (None: by policy_term)
+ACTOR_LOSS_KEYS = {
+    "clip_ratio": ("epsilon_low", "epsilon_high"),
+    "clip_ratio_low": ("epsilon_low",),
+    "clip_ratio_high": ("epsilon_high",),
+    "clip_ratio_c": None,
+    "loss_agg_mode": ("loss_agg",),
+    "loss_scale_factor": ("max_completion_length",),
+    "tau_pos": ("sapo_tau_pos",),
+    "tau_neg": ("sapo_tau_neg",),
+}
+POLICY_LOSS_KEYS = {
+    "clip_cov_ratio": ("cov_ratio",),
+    "clip_cov_lb": ("clip_cov_lb",),
+    "clip_cov_ub": ("clip_cov_ub",),
+    "kl_cov_ratio": ("cov_ratio",),
+    "ppo_kl_coef": ("kl_cov_coef",),
+    "dro_beta": (),
+}
+
+
+def _fields(cfg: LossConfig, key: str, fields: tuple[str, ...] | None) -> tuple[str, ...]:
+    if fields is not None:
+        return fields
+    if cfg.policy_term in ("dppo_tv", "dppo_kl"):  # clip_ratio_c: DPPO's ratio cap, or PPO's dual clip
+        return ("dppo_ratio_cap",)
+    return ("dual_clip",) if cfg.policy_term == "ppo" else ()
+
+
+def check_loss_keys(actor, cfg: LossConfig) -> None:
+    """ValueError for a verl policy-loss setting (clip ratios, ``loss_agg_mode``, ...) that our loss would not read:
+    one that is neither verl's default (which stands for "not set": the preset's value is used) nor the value of the
+    LossConfig field that plays its part, naming the key and the ``sgrpo_loss`` override that sets it on our side."""
+    where = "actor_rollout_ref.actor"
+    nodes = ((actor, ACTOR_LOSS_KEYS, ActorConfig, where),
+             (actor.get("policy_loss") or {}, POLICY_LOSS_KEYS, PolicyLossConfig, f"{where}.policy_loss"))  # fmt: skip
+    for node, keys, cls, prefix in nodes:
+        defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+        for key, fields in keys.items():
+            value = node.get(key, dataclasses.MISSING)
+            if key not in defaults or value is dataclasses.MISSING or value == defaults[key]:
+                continue
+            if value is None and key in ("clip_ratio_low", "clip_ratio_high"):
+                continue  # verl falls back to clip_ratio, checked itself
+            fields = _fields(cfg, key, fields)
+            if fields and all(getattr(cfg, f) == value for f in fields):
+                continue
+            said = f"{prefix}.{key}={value!r} with loss_mode={cfg.name!r}"
+            if not fields:
+                raise ValueError(f"{said}: the sgrpo loss (policy_term={cfg.policy_term!r}) has no such setting and "
+                                 f"would ignore it; expected verl's default {defaults[key]!r}")  # fmt: skip
+            used = ", ".join(f"{f}={getattr(cfg, f)!r}" for f in fields)
+            setting = ",".join(f"{f}={value}" for f in fields)
+            raise ValueError(
+                f"{said}: the sgrpo loss would ignore it (it uses {used}); set it on our side, "
+                f'+{where}.policy_loss.sgrpo_loss="{setting}" (with policy_loss._target_={TARGET}), or leave {key} at '
+                f"verl's default {defaults[key]!r}"
+            )

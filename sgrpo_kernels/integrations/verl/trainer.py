@@ -29,7 +29,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from sgrpo_kernels.integrations.verl.config import loss_config
+from sgrpo_kernels.integrations.verl.config import check_loss_keys, loss_config
 from sgrpo_kernels.integrations.verl.loss import make_loss_fn
 from sgrpo_kernels.integrations.verl.signals import driver_signals, loss_side_config
 from sgrpo_kernels.integrations.verl.trust_region import check_trust_region
@@ -41,7 +41,8 @@ TRAINER_MODE = "sgrpo"
 
 
 def check_verl_config(config, cfg: LossConfig) -> None:
-    """ValueError for verl settings the sgrpo loss does not serve, naming the key, its value and what to set."""
+    """ValueError for verl settings the sgrpo loss does not serve or would ignore (:func:`.config.check_loss_keys`),
+    naming the key, its value and what to set."""
     actor = config.actor_rollout_ref.actor
     refused = [
         ("algorithm.use_kl_in_reward", config.algorithm.get("use_kl_in_reward", False), False,
@@ -59,6 +60,7 @@ def check_verl_config(config, cfg: LossConfig) -> None:
             f"actor_rollout_ref.actor.policy_loss.sgrpo_loss sets beta={cfg.beta}: KL to a reference is not supported "
             "by the verl plugin yet; expected beta=0"
         )
+    check_loss_keys(actor, cfg)
     n = config.actor_rollout_ref.rollout.n
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"actor_rollout_ref.rollout.n={n!r}: expected an int >= 2 (group-relative losses need n >= 2 "
