@@ -8,7 +8,8 @@ leave every hash as it was, on the same machine.
 
 `--check` prints each case whose hashes differ (and which file) and exits 1 if any does. `--added-keys a,b`: record
 keys added since the compared fingerprint are left out of this run's hashes (what they hold is tested elsewhere).
-`--cases a,b` runs a subset; `--list` names the cases. Runs go through the public command line only, so the same
+`--cases a,b` runs a subset; `--list` names the cases. `--out` and `--check` are checked before any case runs
+(exit 2, one line). Runs go through the public command line only, so the same
 script checks any layout of train/. About 15 s a case on one core (two cases run at a time by default)."""
 
 from __future__ import annotations
@@ -100,12 +101,45 @@ def run_case(name: str, flags: list[str], scratch: Path) -> dict:
     }
 
 
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {n}")
+    return n
+
+
+def _out_error(out: str) -> str | None:
+    """Why the fingerprint could not be written to `out` (None when it can): checked before any case runs."""
+    path = Path(out)
+    if path.is_dir() or (path.exists() and not os.access(path, os.W_OK)):
+        return f"--out {out}: not a writable file"
+    if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+        return f"--out {out}: {path.parent} is not a writable directory"
+    return None
+
+
+def _read_check(check: str) -> tuple[dict | None, str | None]:
+    """The earlier fingerprint `check`, or why it cannot be compared with: read before any case runs."""
+    try:
+        ref = json.loads(Path(check).read_text())
+    except OSError as exc:
+        return None, f"--check {check}: cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # not UTF-8, not JSON
+        return None, f"--check {check}: not JSON ({exc})"
+    if not isinstance(ref, dict) or not all(isinstance(v, dict) for v in ref.values()):
+        return None, f"--check {check}: not a fingerprint (a JSON object of cases)"
+    return ref, None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=False, help="write the fingerprint JSON here")
     ap.add_argument("--check", help="compare with this earlier fingerprint JSON; exit 1 on any difference")
     ap.add_argument("--cases", help="comma-separated subset (default: all)")
-    ap.add_argument("--jobs", type=int, default=2, help="cases run at a time [default: 2]")
+    ap.add_argument("--jobs", type=_jobs, default=2, help="cases run at a time, at least 1 [default: 2]")
     ap.add_argument("--list", action="store_true", help="name the cases and exit")
     ap.add_argument("--added-keys", default="", help="record keys added since --check's fingerprint: left out")
     args = ap.parse_args(argv)
@@ -114,11 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(todo))
         return 0
-    if args.cases:
+    if args.cases is not None:
+        if not args.cases.strip(","):
+            ap.error("--cases: empty; name at least one case (--list names them), or leave it out to run all")
         unknown = sorted(set(args.cases.split(",")) - set(todo))
         if unknown:
             ap.error(f"--cases: unknown {unknown}; known: {', '.join(todo)}")
         todo = {k: todo[k] for k in args.cases.split(",")}
+    ref, check_error = _read_check(args.check) if args.check is not None else (None, None)
+    errors = [e for e in (args.out is not None and _out_error(args.out), check_error) if e]
+    if errors:  # before anything runs: a run's results are never lost to a bad path
+        print(f"{ap.prog}: error: {'; '.join(errors)}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         futures = {k: pool.submit(run_case, k, v, Path(tmp)) for k, v in todo.items()}
         result = {}
@@ -129,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     bad = [k for k, v in result.items() if "error" in v]
     if args.check:
-        ref = json.loads(Path(args.check).read_text())
         for k, v in result.items():
             if k not in ref:
                 print(f"NEW   {k} (not in {args.check})")
