@@ -6,6 +6,9 @@ network, no secrets, no writes to the host, nothing left running afterwards -- n
 `run_python(source, limits)` -> `SandboxResult`: runs a program; its status is the program's exit status, which the
 program controls (sys.exit(0), os._exit(0), ...): fine for running code, never a verdict on it. `run_many(jobs,
 limits, max_workers)` runs several of either in a bounded thread pool; `isolation()` says what this machine allows.
+Arguments are checked before anything runs, and refused by name: a `limits` that is not a `Limits`, a `sources` that
+is not a list, an item of it by index, a program with a lone surrogate (the program file is UTF-8), a limit beyond
+`LIMITS_MAX` or a `memory_mb` below `MIN_MEMORY_MB` (the interpreter alone takes about 13 MiB of address space).
 
 What is trusted
 ---------------
