@@ -52,11 +52,12 @@ class MetricsLog:
     def _kept(self) -> list[str]:
         """The first `keep_lines` lines of the file (read without following a link), less any that is not a JSON
         record (a torn write, a garbled line): those are dropped one by one, each named, the records around them
-        kept."""
+        kept. A blank line is no record: it is skipped, and not counted among the `keep_lines`."""
         kept: list[str] = []
         if self.keep_lines is None or not self.path.exists():
             return kept
-        for i, line in enumerate(read_text(self.path).splitlines()[: self.keep_lines]):
+        lines = [(i, ln) for i, ln in enumerate(read_text(self.path).splitlines()) if ln.strip()]
+        for i, line in lines[: self.keep_lines]:
             try:
                 ok = isinstance(json.loads(line), dict)
             except ValueError:

@@ -1,0 +1,69 @@
+"""The run folder when it is not what the trainer left: a blank line in metrics.jsonl, a file replaced by a folder (or
+a folder by a file), a truncated checkpoint, a hand-edited config.json. Each is a refusal naming the path (exit 2)
+or a warning that loses no valid record; `--overwrite` never deletes part of a run and then stops. Black-box through
+`python -m train`'s `main` on the tiny model, and the run/ modules directly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from train.run.metrics import MetricsLog
+
+FAST = ("--eval-k", "0", "--kl-every", "0", "--max-steps", "2", "--save-model", "false")
+
+
+def snapshot(folder: Path) -> dict:
+    """Every path under `folder` (a folder as None, a file as its bytes)."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A finished 2-step tiny run: metrics.jsonl holds 4 records (eval at 0, steps 1 and 2, eval at 2)."""
+    pytest.importorskip("transformers")
+    from conftest import tiny_argv
+
+    from train.__main__ import main
+
+    out = tmp_path_factory.mktemp("hostile") / "run1"
+    assert main(tiny_argv(str(out), *FAST)) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    return out
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    """-> (a copy of the finished run, `go(*flags)` running the trainer on it: its exit status)."""
+    from conftest import tiny_argv
+
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out, lambda *flags: main(tiny_argv(str(out), *FAST, *flags))
+
+
+# ------------------------------------------------------------------------------------------- 1: blank lines
+
+
+def test_a_blank_line_is_not_counted_as_a_record(tmp_path, capsys):
+    records = [json.dumps({"step": i}) for i in range(4)]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n" + "\n".join(records[:2]) + "\n  \n" + "\n".join(records[2:]) + "\n" + json.dumps({"x": 9}))
+    with MetricsLog(path, keep_lines=4) as log:
+        assert log.lines == 4
+    assert path.read_text().splitlines() == records  # the 4 records, the one past the checkpoint's dropped
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_resume_with_a_blank_first_line_keeps_every_record(run, capsys):
+    out, go = run
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n" + "\n".join(lines) + "\n")
+    assert go("--resume") == 0
+    assert (out / "metrics.jsonl").read_text().splitlines() == lines
+    assert "warning" not in capsys.readouterr().out
