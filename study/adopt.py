@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
-from .results import copy_run_files, is_finished, read_manifest, write_manifest
+from .results import copy_run_files, is_finished, read_config, read_manifest, write_manifest
 from .trainer import dumps
 
 # How and where a run was launched, not what it computed: not compared
@@ -32,7 +32,7 @@ def compare_config(run_dir: Path, spec: RunSpec) -> tuple[list[str], list[str]]:
     LAUNCH_FIELDS and the absent-at-default fields are not differences."""
     config = spec.config()
     want, defaults = (json.loads(dumps(dataclasses.asdict(c))) for c in (config, type(config)()))
-    have = json.loads((run_dir / "config.json").read_text())["train"]
+    have = read_config(run_dir)
     absent = sorted(k for k in set(want) - set(have) if want[k] == defaults.get(k))
     keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS) - set(absent))
     diffs = [

@@ -26,6 +26,63 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
 # Published with them when the trainer wrote it (runs made before it existed lack it, and are still reported)
 OPTIONAL_RUN_FILES = ("heldout.jsonl",)
 HELDOUT = "heldout.jsonl"
+# What a run's config.json must hold for the report (the rest of its "train" section is the trainer's business)
+CONFIG_EXPECTED = ('the trainer\'s config.json, {"train": {"seed": int, "max_grad_norm": number, '
+                   '"collapse_window": int, "collapse_entropy": number, ...}, ...}')  # fmt: skip
+SUMMARY_EXPECTED = ('the trainer\'s summary.json, {"before": {"eval_acc": number, ...}, '
+                    '"after": {"eval_acc": number, ...}}')  # fmt: skip
+MANIFEST_EXPECTED = ('a study\'s manifest, {"regime": str, "overrides": {...}, "arms": {...}, '
+                     '"runs": {"ARM/seedK": {...}}}')  # fmt: skip
+
+
+def _number(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _kind(x) -> str:
+    """The JSON name of a value's type, for messages ("a list", "null")."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(x), "a number")
+
+
+def read_json(path: Path, expected: str):
+    """The JSON in `path`; a file that cannot be read (missing, a folder) or is not JSON is a ValueError naming it and
+    `expected` (what the file should hold), never a bare decoder message."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc}); expected {expected}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; expected {expected}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}: line {exc.lineno} column {exc.colno}); expected "
+                         f"{expected}") from None  # fmt: skip
+
+
+def read_jsonl(path: Path, expected: str) -> list[dict]:
+    """The JSON objects of a JSON-lines file (blank lines skipped); a line that is not a JSON object is a ValueError
+    naming the file and the line."""
+    try:
+        with open(path) as fh:
+            lines = list(fh)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc}); expected {expected}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text; expected {expected}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {i}: not valid JSON ({exc.msg}); expected {expected}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}, line {i}: {_kind(rec)}, not a JSON object; expected {expected}")
+        out.append(rec)
+    return out
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -48,26 +105,61 @@ def finished_runs(study_dir: Path) -> list[Path]:
     return sorted(p for p in (study_dir / "runs").glob("*/seed*") if p.is_dir() and is_finished(p))
 
 
+def read_config(run_dir: Path) -> dict:
+    """The "train" section of the run's config.json, with the keys the report reads checked; else a ValueError naming
+    the file and what it should hold."""
+    path = run_dir / "config.json"
+    data = read_json(path, CONFIG_EXPECTED)
+    train = data.get("train") if isinstance(data, dict) else None
+    if not isinstance(train, dict):
+        what = 'no "train" object' if isinstance(data, dict) else f"{_kind(data)}, not a JSON object"
+        raise ValueError(f"{path}: {what}; expected {CONFIG_EXPECTED}")
+    want = (("seed", int), ("max_grad_norm", float), ("collapse_window", int), ("collapse_entropy", float))
+    bad = [k for k, t in want if not _number(train.get(k)) or (t is int and not isinstance(train[k], int))]
+    if bad:
+        raise ValueError(f'{path}: "train" has {", ".join(bad)} missing or mistyped; expected {CONFIG_EXPECTED}')
+    return train
+
+
 def read_summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """The run's summary.json (a ValueError naming it when it is not JSON); is_finished and check_summary judge it."""
+    return read_json(run_dir / "summary.json", SUMMARY_EXPECTED)
+
+
+def check_summary(run_dir: Path, summary) -> None:
+    """ValueError naming the run's summary.json unless it is an object whose "before" / "after" (when present) are
+    objects with a numeric "eval_acc" (when present)."""
+    bad = "" if isinstance(summary, dict) else f"{_kind(summary)}, not a JSON object"
+    for phase in ("before", "after"):
+        ev = summary.get(phase, {}) if not bad else {}
+        if not isinstance(ev, dict):
+            bad = bad or f'"{phase}" is {_kind(ev)}'
+        elif "eval_acc" in ev and not _number(ev["eval_acc"]):
+            bad = bad or f'"{phase}"."eval_acc" is {_kind(ev["eval_acc"])}'
+    if bad:
+        raise ValueError(f"{run_dir / 'summary.json'}: {bad}; expected {SUMMARY_EXPECTED}")
 
 
 def read_records(run_dir: Path) -> list[dict]:
     """The run's metrics.jsonl: one record a line, a step's metrics or an `"event": "eval"` record."""
-    with open(run_dir / "metrics.jsonl") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_jsonl(run_dir / "metrics.jsonl", "the trainer's metrics.jsonl, one JSON object a line")
 
 
 def load_run(run_dir: Path) -> dict:
     """A published run's metrics: {"arm", "seed", **run_metrics}, with the thresholds from its own config.json, so a
-    run is judged by the rules it trained under."""
-    cfg = json.loads((run_dir / "config.json").read_text())["train"]
+    run is judged by the rules it trained under. A file that lacks what they need is a ValueError naming it."""
+    cfg = read_config(run_dir)
     rules = CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"])
-    return {
-        "arm": run_dir.parent.name,
-        "seed": cfg["seed"],
-        **run_metrics(read_records(run_dir), read_summary(run_dir), cfg["max_grad_norm"], rules),
-    }
+    summary = read_summary(run_dir)
+    check_summary(run_dir, summary)
+    records = read_records(run_dir)
+    try:
+        metrics = run_metrics(records, summary, cfg["max_grad_norm"], rules)
+    except (KeyError, TypeError, ValueError) as exc:
+        what = f"a step record lacks {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"{run_dir / 'metrics.jsonl'}: the run's metrics cannot be computed from it ({what}); "
+                         "expected the trainer's step records") from None  # fmt: skip
+    return {"arm": run_dir.parent.name, "seed": cfg["seed"], **metrics}
 
 
 def copy_run_files(src: Path, dst: Path) -> None:
@@ -89,16 +181,22 @@ def read_heldout(run_dir: Path) -> dict[int, dict] | None:
     if not path.is_file():
         return None
     out: dict[int, dict] = {}
+    expected = "{id: int, q: str, before: bool, after: bool}"
     with open(path) as fh:
         for i, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}, line {i}: not valid JSON ({exc.msg}); expected {expected}") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}, line {i}: {_kind(rec)}, not a JSON object; expected {expected}")
             bad = [k for k, t in (("id", int), ("q", str), ("before", bool), ("after", bool)) if
                    not isinstance(rec.get(k), t) or (t is int and isinstance(rec.get(k), bool))]  # fmt: skip
             if bad or rec["id"] in out:
                 what = f"field(s) {', '.join(bad)} missing or mistyped" if bad else f"id {rec['id']} repeated"
-                raise ValueError(f"{path}, line {i}: {what}; expected {{id: int, q: str, before: bool, after: bool}}")
+                raise ValueError(f"{path}, line {i}: {what}; expected {expected}")
             out[rec["id"]] = rec
     return out
 
@@ -128,7 +226,20 @@ def read_manifest(study_dir: Path) -> dict | None:
     """The study's manifest, {"regime", "overrides", "arms", "runs": {"ARM/seedK": what produced the run}}; None when
     the folder has none yet."""
     path = study_dir / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists() and not path.is_symlink():
+        return None
+    data = read_json(path, MANIFEST_EXPECTED)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: {_kind(data)}, not a JSON object; expected {MANIFEST_EXPECTED}")
+    want = (("regime", str), ("overrides", dict), ("arms", dict), ("runs", dict))
+    bad = [f'"{k}" is {_kind(data[k])}' for k, t in want if k in data and not isinstance(data[k], t)]
+    runs = data.get("runs") if isinstance(data.get("runs"), dict) else {}
+    bad += [f'"runs"."{k}" is {_kind(e)}' for k, e in runs.items() if not isinstance(e, dict)]
+    bad += [f'"runs"."{k}"."wall_s" is {_kind(e["wall_s"])}' for k, e in runs.items()
+            if isinstance(e, dict) and "wall_s" in e and not _number(e["wall_s"])]  # fmt: skip
+    if bad:
+        raise ValueError(f"{path}: {bad[0]}; expected {MANIFEST_EXPECTED}")
+    return data
 
 
 def write_manifest(study_dir: Path, data: dict) -> None:

@@ -1,0 +1,130 @@
+"""What `python -m study` and `--report` accept as input: the run folders a report counts (seedK folders whose
+config.json is that seed's run of that arm), finished runs found in --out without a manifest entry, broken or
+wrong-shaped run and manifest files (one line naming the file), the --config file's values, and --name / --threads /
+--work. Every run folder here is a small fake one; no trainer is started (the runner's _start is made to fail)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import study.__main__ as study_main
+import study.runner as runner
+from study.grid import ARMS, REGIMES, RunSpec
+from study.trainer import dumps
+
+
+@pytest.fixture(autouse=True)
+def _no_trainer(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test of the study's inputs started a trainer")
+
+    monkeypatch.setattr(runner, "_start", refuse)
+
+
+def spec_train(arm: str, seed: int, overrides: dict | None = None) -> dict:
+    """The "train" section of the config.json that arm `arm`'s run of `seed` writes under `overrides`."""
+    spec = RunSpec(ARMS[arm], seed, dict(REGIMES["default"] if overrides is None else overrides), Path("w"), Path("r"))
+    return json.loads(dumps(dataclasses.asdict(spec.config())))
+
+
+def fake_run(study: Path, arm: str, seed: int, train: dict | None = None, folder: str | None = None) -> Path:
+    """A finished run's files (6 steps) in study/runs/ARM/FOLDER (seedK); `train`: its config.json's "train" section
+    (default: the four keys the report reads, seed `seed`)."""
+    d = study / "runs" / arm / (folder or f"seed{seed}")
+    d.mkdir(parents=True)
+    if train is None:
+        train = {"seed": seed, "collapse_window": 3, "collapse_entropy": 0.05, "max_grad_norm": 1.0}
+    (d / "config.json").write_text(json.dumps({"train": train, "loss": {}, "world_size": 1}))
+    after = 0.25 + 0.25 * (seed % 3)
+    recs = [{"step": 0, "event": "eval", "eval_acc": 0.25}]
+    recs += [{"step": s, "entropy_mean": 1.0 - 0.1 * s, "accuracy": 0.3, "zero_var_frac": 0.5, "format_frac": 0.8,
+              "grad_norm": 0.5 + 0.1 * seed, "step_s": 1.0, "tokens_per_s": 10.0, "peak_mem_mb": 100.0}
+             for s in range(1, 7)]  # fmt: skip
+    recs.append({"step": 6, "event": "eval", "eval_acc": after})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = {"before": {"eval_acc": 0.25, "eval_n": 4}, "after": {"eval_acc": after, "eval_n": 4}, "steps": 6}
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def two_arms(study: Path) -> Path:
+    for arm in ("grpo", "s_grpo"):
+        for seed in (0, 1):
+            fake_run(study, arm, seed)
+    return study
+
+
+def report(study: Path, capsys) -> tuple[int, str]:
+    code = study_main.main(["--report", str(study), "--no-figure"])
+    return code, capsys.readouterr().err
+
+
+def csv_rows(study: Path) -> list[tuple[str, str]]:
+    with open(study / "study.csv", newline="") as fh:
+        return [(r["arm"], r["seed"]) for r in csv.DictReader(fh)]
+
+
+# --------------------------------------------------------------------------------- broken run and manifest files
+
+
+def _break(study: Path, name: str, how) -> Path:
+    """Replaces runs/grpo/seed1/NAME (or the study's NAME for manifest.json) by `how`: text, or "folder"."""
+    path = study / name if name == "manifest.json" else study / "runs" / "grpo" / "seed1" / name
+    if path.exists():
+        path.unlink()
+    if how == "folder":
+        path.mkdir()
+    else:
+        path.write_text(how)
+    return path
+
+
+BROKEN = [
+    ("config.json", '{"train": {"seed": 1,\n', "not valid JSON"),
+    ("config.json", "[1, 2]", "a list, not a JSON object"),
+    ("config.json", '{"x": 1}', 'no "train" object'),
+    ("config.json", '{"train": {"seed": "1"}}', "seed, max_grad_norm, collapse_window, collapse_entropy missing"),
+    ("config.json", "folder", "cannot read it"),
+    ("metrics.jsonl", '{"step": 1}\n{"step": 2,\n', "line 2: not valid JSON"),
+    ("metrics.jsonl", "[1]\n", "line 1: a list, not a JSON object"),
+    ("metrics.jsonl", '{"step": 1}\n', "a step record lacks 'grad_norm'"),
+    ("summary.json", '{"before": {"eval_acc": 0.25}, "after": null}', '"after" is null'),
+    ("summary.json", '{"before": {"eval_acc": 0.25}, "after": {"eval_acc": "0.5"}}', '"after"."eval_acc" is a string'),
+    ("heldout.jsonl", '{"id": 0, "q": "1 + 1", "before": false, "after": true}\n{"id": 1,\n', "line 2: not valid JSON"),
+    ("heldout.jsonl", "[0]\n", "line 1: a list, not a JSON object"),
+    ("manifest.json", '{"regime": "x",', "not valid JSON"),
+    ("manifest.json", "[1, 2]", "a list, not a JSON object"),
+    ("manifest.json", '{"runs": {"grpo/seed0": {"wall_s": "1 min"}}}', '"wall_s" is a string'),
+    ("manifest.json", "folder", "cannot read it"),
+]
+
+
+@pytest.mark.parametrize("name,how,needle", BROKEN)
+def test_report_names_a_broken_file_in_one_line(tmp_path, capsys, name, how, needle):
+    """Each broken or wrong-shaped file: exit 2, one line naming the file and what was wrong / expected. Before: a
+    decoder message that named no file ("Expecting value: line 2 column 1"), a traceback (a list or {"x": 1} as
+    config.json, "after": null), or a folder config.json reported as "cannot write the report there"."""
+    study = two_arms(tmp_path / "study")
+    path = _break(study, name, how)
+    code, err = report(study, capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and f"{path}" in err and needle in err and "expected" in err, err
+    assert "cannot write the report" not in err
+
+
+@pytest.mark.parametrize("how", ['{"regime": "x",', "[1, 2]", "folder"])
+def test_a_study_names_its_broken_manifest(tmp_path, capsys, how):
+    """A study (not --report) over a folder whose manifest.json is garbled, a list or a folder: refused naming it.
+    Before: a decoder message alone, or a traceback."""
+    study = tmp_path / "study"
+    study.mkdir()
+    path = _break(study, "manifest.json", how)
+    argv = ["--arms", "grpo", "--seeds", "0", "--out", str(study), "--work", str(tmp_path / "w"), "--no-figure"]
+    assert study_main.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:" in err and "expected a study's manifest" in err, err
