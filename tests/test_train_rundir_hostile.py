@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from train.errors import Refused
+from train.run.checkpoint import CheckpointError, read_checkpoint
+from train.run.files import LinkRefused
 from train.run.metrics import MetricsLog
 
 FAST = ("--eval-k", "0", "--kl-every", "0", "--max-steps", "2", "--save-model", "false")
@@ -67,3 +70,57 @@ def test_resume_with_a_blank_first_line_keeps_every_record(run, capsys):
     assert go("--resume") == 0
     assert (out / "metrics.jsonl").read_text().splitlines() == lines
     assert "warning" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------- 2, 3: wrong types
+
+
+def _replace(out: Path, name: str, by: str) -> None:
+    target = out / name
+    if target.is_dir():
+        shutil.rmtree(target)
+    else:
+        target.unlink(missing_ok=True)
+    if by == "folder":
+        target.mkdir()
+        (target / "inside").write_text("x")
+    else:
+        target.write_text("a file")
+
+
+WRONG = [
+    ("summary.json", "folder"),
+    ("metrics.jsonl", "folder"),
+    ("config.json", "folder"),
+    ("heldout.jsonl", "folder"),
+    ("run-manifest.json", "folder"),
+    ("checkpoint/state.pt", "folder"),
+    ("checkpoint", "file"),
+]
+
+
+@pytest.mark.parametrize("mode", ["--overwrite", "--resume", None])
+@pytest.mark.parametrize(("name", "by"), WRONG)
+def test_a_name_of_the_wrong_type_is_refused_before_anything_is_touched(run, capsys, name, by, mode):
+    out, go = run
+    _replace(out, name, by)
+    before = snapshot(out)
+    assert go(*([mode] if mode else [])) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    what = "a folder, where the trainer keeps a file" if by == "folder" else "not a folder, where the trainer keeps one"
+    assert f"{out / name} is {what}" in err, err
+    assert snapshot(out) == before  # nothing deleted, nothing written
+
+
+def test_a_folder_in_place_of_the_checkpoint_is_a_checkpoint_error(tmp_path):
+    (tmp_path / "state.pt").mkdir()
+    with pytest.raises(CheckpointError, match="not a regular file \\(a folder\\)"):
+        read_checkpoint(tmp_path / "state.pt")
+
+
+def test_a_metrics_file_turned_into_a_folder_late_is_a_refusal(tmp_path):
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(Refused, match="metrics.jsonl is not a regular file") as info:
+        MetricsLog(tmp_path / "metrics.jsonl", keep_lines=2).__enter__()
+    assert not isinstance(info.value, LinkRefused)

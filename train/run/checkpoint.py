@@ -73,11 +73,12 @@ def safe_load(file: Path, what: str) -> dict:
             raise
         raise CheckpointError(f"{file} is a symbolic link: not read (the trainer never follows a link in its "
                               "output folder); put the file itself there") from None  # fmt: skip
+    mode = os.fstat(fd).st_mode  # before fdopen, which refuses a folder with a bare "Is a directory: <fd>"
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file"
+        raise CheckpointError(f"{file} is not a valid {what}: not a regular file ({kind}); nothing was read")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(f.fileno()).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "a special file"
-            raise CheckpointError(f"{file} is not a valid {what}: not a regular file ({kind}); nothing was read")
         return _load_dict(f, file, what)
 
 

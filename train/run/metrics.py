@@ -8,7 +8,8 @@ import math
 import os
 from pathlib import Path
 
-from ..run.files import open_append, read_text, write_text_atomic
+from ..errors import Refused
+from ..run.files import LinkRefused, open_append, read_text, write_text_atomic
 
 
 def json_safe(obj):
@@ -72,10 +73,13 @@ class MetricsLog:
         return kept
 
     def __enter__(self) -> MetricsLog:
-        kept = self._kept()
-        write_text_atomic(self.path, "".join(ln + "\n" for ln in kept))
-        self.lines = len(kept)
-        self._file = open_append(self.path)
+        try:
+            kept = self._kept()
+            write_text_atomic(self.path, "".join(ln + "\n" for ln in kept))
+            self.lines = len(kept)
+            self._file = open_append(self.path)
+        except LinkRefused as exc:  # a link or a folder put there since open_output_dir checked: said, not a traceback
+            raise Refused(exc.strerror) from None
         if self.report_to != "none":
             from ..run.dashboards import Dashboard
 

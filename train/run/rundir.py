@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 from sgrpo_kernels.rl import LossConfig
@@ -64,6 +65,26 @@ def _refuse_links(out_dir: Path) -> None:
             "trainer never reads or writes through a link in its output folder. Remove the link(s), or use another "
             "--output-dir."
         )
+
+
+def _refuse_wrong_types(out_dir: Path) -> None:
+    """Refused: one of the trainer's names in OUTPUT_DIR is a folder where the trainer keeps a file, or not a folder
+    where it keeps one; checked before anything is read, written or deleted (--overwrite would delete half a run and
+    stop). A FIFO or device where a file belongs is the readers' to refuse (files.open_existing, safe_load)."""
+    if not os.path.isdir(out_dir):
+        return  # (no folder yet, or not one: the run's mkdir says so)
+    folders = {*RUN_DIRS, "checkpoint"}
+    for name in (*RUN_FILES, MANIFEST, *RUN_DIRS, "checkpoint"):
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(out_dir / name).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if is_dir != (name in folders):
+            what = "a folder, where the trainer keeps a file" if is_dir else "not a folder, where the trainer keeps one"
+            raise Refused(
+                f"{out_dir / name} is {what}; nothing was read, written or deleted. Move it away, or use another "
+                "--output-dir."
+            )
 
 
 def _refuse_foreign(out_dir: Path) -> None:
@@ -132,6 +153,7 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
     out_dir = Path(cfg.output_dir)
     ckpt_file = out_dir / "checkpoint" / STATE_FILE
     _refuse_links(out_dir)
+    _refuse_wrong_types(out_dir)
     manifest = read_manifest(out_dir)
     if cfg.resume and cfg.overwrite:
         raise Refused("--resume continues the run in OUTPUT_DIR, --overwrite deletes it: pass one of them")
