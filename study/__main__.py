@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
 from .report import write_report
-from .results import finished_runs
+from .results import finished_runs, stray_folders
 from .runner import Manifest, run_grid
 
 RESULTS = Path("benchmarks/results/study")
@@ -138,6 +138,8 @@ def report_problem(folder: Path, order: list[str] | None, figure: bool) -> str |
     """Writes the report of the study in `folder`; None when it was written, else why not, in one line: a run's files
     refused (e.g. a heldout.jsonl that disagrees with its summary.json, named by the report) or a folder that cannot be
     written."""
+    for stray in stray_folders(folder):
+        print(f"warning: {stray}: not a run folder (runs/ARM/seedK, K the run's seed); not reported", file=sys.stderr)
     try:
         write_report(folder, order=order, figure=figure)
     except ValueError as exc:
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nstudy interrupted: running trainers checkpointed; the same command resumes", file=sys.stderr)
         return 130
-    if finished_runs(out):
+    if finished_runs(out, check=False):  # the report checks them (a refusal is its problem)
         if problem := report_problem(out, args.arms, not args.no_figure):
             print(f"python -m study: the runs are kept in {out}, but no report was written: {problem}",
                   file=sys.stderr)  # fmt: skip

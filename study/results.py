@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
+from functools import cache
 from pathlib import Path
 
 from .stability import CollapseRules, run_metrics
@@ -26,6 +28,9 @@ RUN_FILES = ("config.json", "metrics.jsonl", "summary.json")
 # Published with them when the trainer wrote it (runs made before it existed lack it, and are still reported)
 OPTIONAL_RUN_FILES = ("heldout.jsonl",)
 HELDOUT = "heldout.jsonl"
+# The name of a run's folder: seed and the seed's integer, as the runner writes it (seed0, seed12; not seed01,
+# seed0.bak); any other folder under runs/ARM/ is not a run of the study (stray_folders names them)
+SEED_DIR = re.compile(r"seed(0|[1-9][0-9]*)")
 # What a run's config.json must hold for the report (the rest of its "train" section is the trainer's business)
 CONFIG_EXPECTED = ('the trainer\'s config.json, {"train": {"seed": int, "max_grad_norm": number, '
                    '"collapse_window": int, "collapse_entropy": number, ...}, ...}')  # fmt: skip
@@ -100,9 +105,73 @@ def is_finished(run_dir: Path) -> bool:
     )
 
 
-def finished_runs(study_dir: Path) -> list[Path]:
-    """The folders of every finished run under `study_dir`/runs/ARM/seedK, sorted (an unfinished one is skipped)."""
-    return sorted(p for p in (study_dir / "runs").glob("*/seed*") if p.is_dir() and is_finished(p))
+def finished_runs(study_dir: Path, check: bool = True) -> list[Path]:
+    """The folders of every finished run under `study_dir`/runs/ARM/seedK, sorted (an unfinished one is skipped; a
+    folder not named seedK is no run: stray_folders). With `check`, the runs are checked as the report needs them
+    (check_runs): a ValueError names a run whose config.json is not that of its folder's seed and arm, or two folders
+    holding the same run."""
+    dirs = sorted(p for p in (study_dir / "runs").glob("*/seed*")
+                  if SEED_DIR.fullmatch(p.name) and p.is_dir() and is_finished(p))  # fmt: skip
+    if check:
+        check_runs(dirs)
+    return dirs
+
+
+def stray_folders(study_dir: Path) -> list[Path]:
+    """The folders under `study_dir`/runs/ARM/ that are not seedK folders (a copy seed0.bak, seed01): not reported."""
+    return sorted(p for p in (study_dir / "runs").glob("*/*") if p.is_dir() and not SEED_DIR.fullmatch(p.name))
+
+
+def check_runs(dirs: list[Path]) -> None:
+    """ValueError unless each run is what its folder says: the seed in its config.json is the folder's (seedK), no two
+    folders of an arm hold the same seed, and a run in the folder of an arm of study/grid.py has that arm's preset, loss
+    and trainer flags (arm_mismatch)."""
+    configs = {p: read_config(p) for p in dirs}
+    same: dict[tuple[str, int], list[Path]] = {}
+    for p, cfg in configs.items():
+        same.setdefault((p.parent.name, cfg["seed"]), []).append(p)
+    for (arm, seed), paths in same.items():
+        if len(paths) > 1:
+            raise ValueError(f"{' and '.join(map(str, paths))}: each config.json says seed {seed} of arm {arm}: the "
+                             "same run twice; keep one")  # fmt: skip
+    for p, cfg in configs.items():
+        if cfg["seed"] != int(p.name.removeprefix("seed")):
+            raise ValueError(f"{p}: its config.json says seed {cfg['seed']}, its folder {p.name}; a run's folder "
+                             f"must be seed<its seed> (runs/ARM/seed{cfg['seed']})")  # fmt: skip
+        if problem := arm_mismatch(p.parent.name, cfg):
+            raise ValueError(f"{p}: not a run of arm {p.parent.name!r} (study/grid.py): {problem}")
+
+
+@cache
+def _arm_config(name: str) -> dict | None:
+    """The trainer configuration of arm `name` (any seed, no regime) as config.json writes it; None for an arm that
+    study/grid.py does not define."""
+    import dataclasses
+
+    from .grid import ARMS, RESEARCH_ARMS, RunSpec
+    from .trainer import dumps
+
+    arm = {**ARMS, **RESEARCH_ARMS}.get(name)
+    if arm is None:
+        return None
+    return json.loads(dumps(dataclasses.asdict(RunSpec(arm, 0, {}, Path("w"), Path("r")).config())))
+
+
+def arm_mismatch(name: str, cfg: dict) -> str | None:
+    """The first setting of the arm's own (preset, loss, its trainer flags) in which a run's config.json "train"
+    section `cfg` differs from arm `name`, as "field: run's != arm's"; None when none does, or when `name` is not an arm
+    of study/grid.py. A field absent from `cfg` (an older trainer's) is not compared."""
+    want = _arm_config(name)
+    if want is None:
+        return None
+    from .grid import ARMS, RESEARCH_ARMS
+
+    fields = ("preset", "loss", *{**ARMS, **RESEARCH_ARMS}[name].train)
+    for k in (k for k in fields if k in cfg):
+        have, arm = (cfg[k] or "", want[k] or "") if k == "loss" else (cfg[k], want[k])  # no --loss: null, as ""
+        if have != arm:
+            return f"{k}: {have!r} != {arm!r} (the arm's)"
+    return None
 
 
 def read_config(run_dir: Path) -> dict:

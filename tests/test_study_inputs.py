@@ -69,6 +69,54 @@ def csv_rows(study: Path) -> list[tuple[str, str]]:
         return [(r["arm"], r["seed"]) for r in csv.DictReader(fh)]
 
 
+# ------------------------------------------------------------------------------------------- which folders are runs
+
+
+def test_report_counts_only_seed_folders_and_names_the_others(tmp_path, capsys):
+    """A copy runs/grpo/seed0.bak is no seed: grpo keeps 2 seeds, study.csv lists grpo,0 once, and a warning names
+    the copy. Before: grpo had 3 seeds and study.csv listed grpo,0 twice."""
+    import shutil
+
+    study = two_arms(tmp_path / "study")
+    shutil.copytree(study / "runs" / "grpo" / "seed0", study / "runs" / "grpo" / "seed0.bak")
+    code, err = report(study, capsys)
+    assert code == 0, err
+    assert csv_rows(study) == [("grpo", "0"), ("grpo", "1"), ("s_grpo", "0"), ("s_grpo", "1")]
+    assert f"{study / 'runs' / 'grpo' / 'seed0.bak'}: not a run folder" in err
+    assert json.loads((study / "study.json").read_text())["arms"]["grpo"]["seeds"] == [0, 1]
+
+
+def test_report_refuses_a_run_counted_twice_naming_both_folders(tmp_path, capsys):
+    """Two folders whose config.json both say seed 0: refused naming both. Before: '2 seeds' for grpo in the tables
+    while the paired tables kept one of them."""
+    study = two_arms(tmp_path / "study")
+    (study / "runs" / "grpo" / "seed1" / "config.json").write_text((study / "runs/grpo/seed0/config.json").read_text())
+    code, err = report(study, capsys)
+    assert code == 2, err
+    assert f"{study / 'runs/grpo/seed0'} and {study / 'runs/grpo/seed1'}" in err and "seed 0" in err, err
+    assert not (study / "study.csv").exists()
+
+
+def test_report_refuses_a_config_seed_other_than_the_folders(tmp_path, capsys):
+    study = two_arms(tmp_path / "study")
+    cfg = study / "runs" / "s_grpo" / "seed1" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"seed": 1', '"seed": 7'))
+    code, err = report(study, capsys)
+    assert code == 2 and f"{cfg.parent}: its config.json says seed 7, its folder seed1" in err, err
+
+
+def test_report_refuses_a_run_of_another_arm_in_an_arms_folder(tmp_path, capsys):
+    """An s_grpo run in runs/grpo/: refused naming the run and the setting. Before: reported as grpo. A run whose
+    config.json lacks the arm's fields (an older trainer's) is not compared; one that has them must match."""
+    study = two_arms(tmp_path / "study")
+    fake_run(study, "grpo_nokl", 0, {**spec_train("grpo_nokl", 0), "collapse_window": 3})
+    assert report(study, capsys)[0] == 0  # the arm's own preset and loss: accepted
+    cfg = study / "runs" / "grpo" / "seed1" / "config.json"
+    cfg.write_text(json.dumps({"train": {**spec_train("s_grpo", 1)}}))
+    code, err = report(study, capsys)
+    assert code == 2 and f"{cfg.parent}: not a run of arm 'grpo'" in err and "preset: 's_grpo' != 'grpo'" in err, err
+
+
 # --------------------------------------------------------------------------------- broken run and manifest files
 
 
