@@ -124,3 +124,25 @@ def test_a_metrics_file_turned_into_a_folder_late_is_a_refusal(tmp_path):
     with pytest.raises(Refused, match="metrics.jsonl is not a regular file") as info:
         MetricsLog(tmp_path / "metrics.jsonl", keep_lines=2).__enter__()
     assert not isinstance(info.value, LinkRefused)
+
+
+# ------------------------------------------------------------------------------------------- 4, 5: contents
+
+
+@pytest.mark.parametrize("keep", [0, 2, 10000, 0.5, -1])
+def test_a_truncated_checkpoint_is_called_torn(finished, tmp_path, keep):
+    data = (finished / "checkpoint" / "state.pt").read_bytes()
+    file = tmp_path / "state.pt"
+    file.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep if keep >= 0 else -1])
+    with pytest.raises(CheckpointError, match="torn or incomplete") as info:
+        read_checkpoint(file)
+    assert "Invalid argument" not in str(info.value) and str(file) in str(info.value)
+
+
+def test_a_truncated_checkpoint_on_resume_says_torn(run, capsys):
+    out, go = run
+    ckpt = out / "checkpoint" / "state.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:10000])
+    assert go("--resume") == 1
+    err = capsys.readouterr().err
+    assert "torn or incomplete" in err and str(ckpt) in err and "Traceback" not in err, err

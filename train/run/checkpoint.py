@@ -17,6 +17,7 @@ import math
 import os
 import random
 import stat
+import zipfile
 from pathlib import Path
 
 import torch
@@ -82,10 +83,33 @@ def safe_load(file: Path, what: str) -> dict:
         return _load_dict(f, file, what)
 
 
+def _torn(f) -> str | None:
+    """Why `f` is an incomplete file, when it is one: empty, or a zip archive (what torch.save writes) cut short
+    before its end record."""
+    try:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        head = f.read(4)
+        cut = head == b"PK\x03\x04" and not zipfile.is_zipfile(f)
+    except OSError:
+        return None
+    if size == 0:
+        return "the file is empty"
+    if cut or (len(head) < 4 and b"PK\x03\x04".startswith(head)):
+        return f"the file ends after {size} bytes, before the end of its archive"
+    return None
+
+
 def _load_dict(f, file: Path, what: str) -> dict:
     try:
         obj = torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 -- UnpicklingError, RuntimeError (torn zip), EOFError, ...
+    except Exception as exc:  # noqa: BLE001 -- UnpicklingError, RuntimeError (torn zip), EOFError, OSError, ...
+        torn = _torn(f)
+        if torn is not None:
+            raise CheckpointError(
+                f"{file} is not a valid {what}: it is torn or incomplete ({torn}: a save or copy that did not "
+                "complete); nothing was loaded"
+            ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
             f"{file} is not a valid {what} (only plain tensors and containers are read, nothing is executed): {first}"
