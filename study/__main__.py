@@ -190,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         if problem := unwritable(flag, folder):
             print(f"python -m study: {problem}", file=sys.stderr)
             return 2
-    manifest.save()
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     try:
         finished, failed = run_grid(specs, manifest, args.workers, threads, progress=args.progress)
     except KeyboardInterrupt:
         print("\nstudy interrupted: running trainers checkpointed; the same command resumes", file=sys.stderr)
         return 130
+    except ValueError as exc:  # a finished run in --out not this study's (check_unrecorded), a published run refused
+        print(f"python -m study: {exc}", file=sys.stderr)
+        return 2
     if finished_runs(out, check=False):  # the report checks them (a refusal is its problem)
         if problem := report_problem(out, args.arms, not args.no_figure):
             print(f"python -m study: the runs are kept in {out}, but no report was written: {problem}",

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adopt import compare_config
 from .grid import RunSpec
 from .results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
 from .trainer import cpu_info
@@ -99,9 +100,12 @@ def _minutes(seconds: float) -> str:
 def run_grid(
     specs: list[RunSpec], manifest: Manifest, workers: int, threads: int, progress: bool = True, out=sys.stdout
 ) -> tuple[int, list[str]]:
-    """Runs every unfinished spec; returns (runs finished by this call, keys of runs that failed). A KeyboardInterrupt
-    or SIGTERM stops the running trainers with SIGTERM (each checkpoints, so the next call resumes them) and
-    propagates as KeyboardInterrupt."""
+    """Runs every unfinished spec; returns (runs finished by this call, keys of runs that failed). First the finished
+    runs the manifest does not record are checked (check_unrecorded: a ValueError, before anything is written), then the
+    manifest is saved. A KeyboardInterrupt or SIGTERM stops the running trainers with SIGTERM (each checkpoints, so the
+    next call resumes them) and propagates as KeyboardInterrupt."""
+    check_unrecorded(specs, manifest)
+    manifest.save()
     todo = [s for s in specs if not is_finished(s.result_dir)]
     done = len(specs) - len(todo)
     print(
@@ -152,6 +156,22 @@ def run_grid(
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return finished, failed
+
+
+def check_unrecorded(specs: list[RunSpec], manifest: Manifest) -> None:
+    """A finished run in the results folder that the manifest does not record (copied there, or left by a study whose
+    manifest.json is gone) would be skipped and reported as this study's: its config.json must be what its spec runs,
+    field by field as study.adopt compares (compare_config); else a ValueError naming it and its differences."""
+    for spec in specs:
+        if spec.key in manifest.data["runs"] or not is_finished(spec.result_dir):
+            continue
+        diff, _ = compare_config(spec.result_dir, spec)
+        if diff:
+            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+            raise ValueError(
+                f"{spec.result_dir}: a finished run that {manifest.results / 'manifest.json'} does not record, and not "
+                f"what {spec.key} runs in this study: {'; '.join(diff[:3])}{more}; move it away, or use another --out"
+            )
 
 
 def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: int) -> tuple[bool, str]:

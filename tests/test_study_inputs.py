@@ -176,3 +176,37 @@ def test_a_study_names_its_broken_manifest(tmp_path, capsys, how):
     assert study_main.main(argv) == 2
     err = capsys.readouterr().err
     assert f"{path}:" in err and "expected a study's manifest" in err, err
+
+
+# ------------------------------------------------------------------------ finished runs the manifest does not record
+
+
+def _study_argv(out: Path, work: Path, *extra: str) -> list[str]:
+    return ["--arms", "grpo", "--seeds", "0,1", "--out", str(out), "--work", str(work), "--no-figure",
+            "--progress", "false", *extra]  # fmt: skip
+
+
+def test_a_study_refuses_finished_runs_it_would_not_have_made(tmp_path, capsys):
+    """--out holds finished runs and no manifest.json: each is compared with what the study would run; one made with
+    another preset (or another setting) is refused naming the run and the first difference, and no manifest is
+    written. Before: adopted as finished and reported as grpo."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    fake_run(out, "grpo", 0, {**spec_train("grpo", 0), "collapse_window": 3})
+    other = fake_run(out, "grpo", 1, spec_train("s_grpo", 1))
+    assert study_main.main(_study_argv(out, work)) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: a finished run that" in err and "preset: 's_grpo' != 'grpo'" in err, err
+    assert not (out / "manifest.json").exists() and not (out / "study.csv").exists()
+
+    (other / "config.json").write_text(json.dumps({"train": spec_train("grpo", 1, {"eval_problems": "50"})}))
+    assert study_main.main(_study_argv(out, work)) == 2  # the regime's eval_problems=100, the run's 50
+    assert "eval_problems: 50 != 100" in capsys.readouterr().err
+
+
+def test_a_study_adopts_finished_runs_that_are_what_it_would_run(tmp_path, capsys):
+    out, work = tmp_path / "out", tmp_path / "work"
+    for seed in (0, 1):
+        fake_run(out, "grpo", seed, {**spec_train("grpo", seed), "output_dir": f"elsewhere/{seed}", "threads": 7})
+    assert study_main.main(_study_argv(out, work)) == 0, capsys.readouterr().err
+    assert csv_rows(out) == [("grpo", "0"), ("grpo", "1")]
+    assert json.loads((out / "manifest.json").read_text())["overrides"] == REGIMES["default"]
