@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import cut_to_support, log_prob, logits_tile, mma, softcap_slope, support_threshold
+from .tiles import log_prob, logits_tile, mma, outside_support, softcap_slope, support_threshold
 
 __all__ = ["_compact_rows_kernel", "_linear_logprobs_bwd_dh_kernel", "_linear_logprobs_bwd_dw_kernel",
            "_linear_logprobs_bwd_dz_kernel"]
@@ -34,7 +34,7 @@ def _linear_logprobs_bwd_dz_kernel(
 ):
     """dZ[i, c] = dL/dx for compacted active row i and chunk column c (vocab v0 + c), x the raw logits, dtype of
     dz_ptr; stats_ptr: the (2, N) row statistics [m; log s] of the forward, row stride stride_stats. TRUNCATE: z
-    below the row's threshold (thr_ptr, (N,)), except the target, is outside the support: p = 0 there."""
+    below the row's threshold (thr_ptr, (N,)), except the target, is outside the support: dZ = 0 there."""
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     n_active = tl.load(count_ptr)
@@ -58,7 +58,7 @@ def _linear_logprobs_bwd_dz_kernel(
             z, slope = softcap_slope(z, cap_in, cap_out)
             hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]
             if TRUNCATE:
-                z = cut_to_support(z, thr, hit)
+                cut = outside_support(z, thr, hit)
             dz = tl.where(hit, gl[:, None] * slope, 0.0)
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j) * slope
@@ -69,7 +69,7 @@ def _linear_logprobs_bwd_dz_kernel(
                 dz -= ge[:, None] * p * (logp_j + ent[:, None])
         else:
             if TRUNCATE:
-                z = cut_to_support(z, thr, cl[None, :] == (tgt - v0).to(tl.int32)[:, None])
+                cut = outside_support(z, thr, cl[None, :] == (tgt - v0).to(tl.int32)[:, None])
             logp_j = log_prob(z, m, log_s)
             p = tl.exp(logp_j)
             dz = -gl[:, None] * p
@@ -80,6 +80,8 @@ def _linear_logprobs_bwd_dz_kernel(
             hit = cl[None, :] == (tgt - v0).to(tl.int32)[:, None]  # int32 compare: cheaper than int64 tiles
             dz += tl.where(hit, gl[:, None], 0.0)
             dz = dz * inv_temp
+        if TRUNCATE:  # outside the support: 0 (what a NEG logit gives, +0.0; and 0, not 0 * NaN, on a +inf row)
+            dz = tl.where(cut, 0.0, dz)
         ptrs = dz_ptr + i[:, None] * stride_dz + cl[None, :]
         tl.store(ptrs, dz.to(dz_ptr.dtype.element_ty), mask=i_ok[:, None] & c_ok[None, :])
 

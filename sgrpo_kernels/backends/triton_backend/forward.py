@@ -58,7 +58,8 @@ def _linear_logprobs_fwd_kernel(
                         stride_wd, stride_b, inv_temp, HAS_BIAS, DOT_PRECISION, BLOCK_M, BLOCK_V, BLOCK_D)
         if SOFTCAP:
             z = softcap(z, cap_in, cap_out)
-        z = tl.where(col_ok[None, :], tl.maximum(z, NEG), NEG)
+        # -inf -> NEG (finite); NaN is kept (tl.maximum drops it by default), so that it reaches s
+        z = tl.where(col_ok[None, :], tl.maximum(z, NEG, propagate_nan=tl.PropagateNan.ALL), NEG)
         if TRUNCATE:  # outside the sampler's support, except the target: NEG (p = 0)
             # the target's column within the tile as int32 (an int64 compare over the tile doubles its registers)
             hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
@@ -95,14 +96,15 @@ def _linear_logprobs_merge_kernel(
         sk = tl.load(ps_ptr + off, mask=row_ok, other=1.0)  # masked rows: finite log s
         zy += tl.load(pzy_ptr + off, mask=row_ok, other=0.0)  # non-zero only in the split holding the target
         m_new = tl.maximum(m, mk)
-        a = tl.exp(m - m_new)
-        b = tl.exp(mk - m_new)
+        m_ref = tl.where(m_new == float("inf"), 0.0, m_new)  # a +inf logit: relative to 0 (tiles.online_update)
+        a = tl.exp(m - m_ref)
+        b = tl.exp(mk - m_ref)
         if WITH_ENTROPY:
             uk = tl.load(pu_ptr + off, mask=row_ok, other=0.0)
             # as in tiles.online_update: a shift whose weight vanishes is 0 (a split of NEG columns only would give
             # s * -1e38 = -inf, and 0 * -inf = nan)
-            shift = tl.where(a == 0.0, 0.0, m - m_new)
-            shift_k = tl.where(b == 0.0, 0.0, mk - m_new)
+            shift = tl.where(a == 0.0, 0.0, m - m_ref)
+            shift_k = tl.where(b == 0.0, 0.0, mk - m_ref)
             u = a * (u + s * shift) + b * (uk + sk * shift_k)
         s = a * s + b * sk
         m = m_new

@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import NEG, cut_to_support, finalize_store, log_prob, online_update, support_threshold
+from .tiles import NEG, cut_to_support, finalize_store, log_prob, online_update, outside_support, support_threshold
 
 __all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel"]
 
@@ -37,7 +37,8 @@ def _logprobs_from_logits_fwd_kernel(
         zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
         if TRUNCATE:
             z = cut_to_support(z, thr, hit)
-        m, s, u = online_update(m, s, u, tl.maximum(z, NEG), WITH_ENTROPY)
+        # -inf -> NEG (finite); NaN is kept (tl.maximum drops it by default), so that it reaches s
+        m, s, u = online_update(m, s, u, tl.maximum(z, NEG, propagate_nan=tl.PropagateNan.ALL), WITH_ENTROPY)
     finalize_store(m, s, u, zy, tgt == ignore_index, logp_ptr, ent_ptr, stats_ptr, N, rows, row_ok, WITH_ENTROPY,
                    WITH_STATS)
 
@@ -72,7 +73,7 @@ def _logprobs_from_logits_bwd_kernel(
         z = x.to(tl.float32) * inv_temp
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         if TRUNCATE:
-            z = cut_to_support(z, thr, hit)
+            cut = outside_support(z, thr, hit)
         logp_j = log_prob(z, m, log_s)
         p = tl.exp(logp_j)
         dz = -gl[:, None] * p
@@ -80,5 +81,7 @@ def _logprobs_from_logits_bwd_kernel(
             dz -= ge[:, None] * p * (logp_j + ent[:, None])
         dz += tl.where(hit, gl[:, None], 0.0)
         dz = tl.where(live[:, None], dz * inv_temp, 0.0)
+        if TRUNCATE:  # outside the support: 0 (what a NEG logit gives, +0.0; and 0, not 0 * NaN, on a +inf row)
+            dz = tl.where(cut, 0.0, dz)
         tl.store(out_ptr + rows[:, None] * stride_on + cols[None, :] * stride_ov,
                  dz.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["LOGP_FLOOR", "NEG", "cut_to_support", "finalize_store", "log_prob", "logits_tile", "mma", "online_update",
-           "softcap", "softcap_slope", "support_threshold", "target_logit"]
+           "outside_support", "softcap", "softcap_slope", "support_threshold", "target_logit"]
 
 # masked logit: exp(NEG - m) = 0 exactly, and finite so 0 * (z - m) = 0. Far below any logit a model produces (fp32
 # ends at 3.4e38) but with room for NEG - m to stay finite: logits down to -1e38 keep their value in the statistics.
@@ -78,13 +78,16 @@ def online_update(m, s, u, z, WITH_ENTROPY: tl.constexpr):
     """Fold the tile z (BLOCK_M, BLOCK_V) into the per-row statistics. Masked columns must hold NEG (finite, so
     e * (z - m) is 0 * finite rather than 0 * inf: no per-element masks here, fewer live registers)."""
     m_new = tl.maximum(m, tl.max(z, axis=1))
-    scale = tl.exp(m - m_new)  # 0 on the first tile (m = -inf)
-    zc = z - m_new[:, None]
-    e = tl.exp(zc)
+    # a +inf logit: the sums are kept relative to 0 instead of m = +inf (inf - inf = nan), so s becomes +inf and
+    # logp = -inf, as in the torch backend; a per-row select, the same bits on every finite row
+    m_ref = tl.where(m_new == float("inf"), 0.0, m_new)
+    scale = tl.exp(m - m_ref)  # 0 on the first tile (m = -inf)
+    zc = z - m_ref[:, None]
+    e = tl.exp(zc)  # a NaN logit (kept by the callers' clamp) makes s NaN: the row's results are NaN
     if WITH_ENTROPY:
         # the shift is 0 where the scale vanishes: the first tile (m = -inf) and rows with only NEG columns so far,
         # whose s * (m - m_new) = s * -1e38 would overflow to -inf (and 0 * -inf = nan)
-        shift = tl.where(scale == 0.0, 0.0, m - m_new)
+        shift = tl.where(scale == 0.0, 0.0, m - m_ref)
         u = scale * (u + s * shift) + tl.sum(e * zc, axis=1)
     s = s * scale + tl.sum(e, axis=1)
     return m_new, s, u
@@ -116,12 +119,22 @@ def finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, stats_ptr, stride_st
     row stride `stride_stats`; all 0 on ignored rows) and store the requested ones. The shifted form keeps log s at
     any |m| (m + log s would round it away). logp <= 0 and H >= 0 hold exactly: z_y comes from a row-wise dot, m from
     the tiles' tensor-core sums, and on a confident row (p ~ 1) their different summation orders would otherwise give
-    log p ~ +1e-5."""
+    log p ~ +1e-5.
+
+    Non-finite logits give what the torch backend gives: a NaN logit makes s NaN, so logp, entropy and log s are NaN
+    (the clamps propagate NaN); a +inf logit makes s +inf (see online_update): logp -inf (NaN at a +inf target),
+    entropy NaN; a row of -inf logits only (every column at NEG: m = NEG) has no distribution: logp and entropy NaN,
+    stats [-inf; -inf] (the torch backend's, which the vocab-parallel combine weighs 0). Per-row work only."""
+    dead = m == NEG
     log_s = tl.log(s)
-    tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.minimum((zy - m) - log_s, 0.0)), mask=row_ok)
+    logp = tl.minimum((zy - m) - log_s, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(logp_ptr + rows, tl.where(ignored, 0.0, tl.where(dead, float("nan"), logp)), mask=row_ok)
     if WITH_ENTROPY:
-        tl.store(ent_ptr + rows, tl.where(ignored, 0.0, tl.maximum(log_s - u / s, 0.0)), mask=row_ok)
+        ent = tl.maximum(log_s - u / s, 0.0, propagate_nan=tl.PropagateNan.ALL)
+        tl.store(ent_ptr + rows, tl.where(ignored, 0.0, tl.where(dead, float("nan"), ent)), mask=row_ok)
     if WITH_STATS:
+        m = tl.where(dead, float("-inf"), m)
+        log_s = tl.where(dead, float("-inf"), log_s)
         tl.store(stats_ptr + rows, tl.where(ignored, 0.0, m), mask=row_ok)
         tl.store(stats_ptr + stride_stats + rows, tl.where(ignored, 0.0, log_s), mask=row_ok)
 
@@ -129,8 +142,9 @@ def finalize_store(m, s, u, zy, ignored, logp_ptr, ent_ptr, stats_ptr, stride_st
 @triton.jit
 def log_prob(z, m, log_s):
     """The backward's log p = (z - m) - log s of a (rows, cols) tile from the saved row statistics (never z - lse:
-    lse = m + log s is rounded at large |m|), floored at LOGP_FLOOR (p = 0 exactly there; -inf logits stay finite)."""
-    return tl.maximum((z - m[:, None]) - log_s[:, None], LOGP_FLOOR)
+    lse = m + log s is rounded at large |m|), floored at LOGP_FLOOR (p = 0 exactly there; -inf logits stay finite).
+    NaN stays NaN (a NaN logit, or a row whose statistics are NaN): its gradient is NaN, as in the torch backend."""
+    return tl.maximum((z - m[:, None]) - log_s[:, None], LOGP_FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -143,6 +157,13 @@ def support_threshold(thr_ptr, rows, row_ok, TRUNCATE: tl.constexpr, BLOCK_M: tl
 
 
 @triton.jit
+def outside_support(z, thr, hit):
+    """Where z is outside the sampler's support: below the row's threshold `thr`, except the target column (`hit`).
+    A NaN logit is below no threshold: it stays in (its row's results are NaN), as in the torch backend."""
+    return (z < thr[:, None]) & ~hit
+
+
+@triton.jit
 def cut_to_support(z, thr, hit):
-    """z outside the sampler's support (below the row's threshold `thr`), except the target column (`hit`): NEG."""
-    return tl.where((z >= thr[:, None]) | hit, z, NEG)
+    """z outside the sampler's support (`outside_support`): NEG (p = 0)."""
+    return tl.where(outside_support(z, thr, hit), NEG, z)
