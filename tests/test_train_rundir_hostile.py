@@ -146,3 +146,37 @@ def test_a_truncated_checkpoint_on_resume_says_torn(run, capsys):
     assert go("--resume") == 1
     err = capsys.readouterr().err
     assert "torn or incomplete" in err and str(ckpt) in err and "Traceback" not in err, err
+
+
+def test_an_edited_config_json_is_named_on_resume(run, capsys):
+    out, go = run
+    data = json.loads((out / "config.json").read_text())
+    before = data["train"]["lr"]
+    data["train"]["lr"] = 1e-3
+    (out / "config.json").write_text(json.dumps(data))
+    assert go("--resume") == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'config.json'} disagrees with the checkpoint" in err and "edited" in err, err
+    assert f"--lr: checkpoint {before!r}, config.json 0.001" in err, err
+    assert "put the checkpoint's values above back" in err and "--config" in err, err
+    assert "all of them are in" not in err, err
+
+
+def test_a_flag_typed_against_the_checkpoint_keeps_its_message(run, capsys):
+    out, go = run
+    assert go("--resume", "--lr", "0.001") == 2
+    err = capsys.readouterr().err
+    assert "the configuration differs from the one" in err and "--lr: checkpoint" in err, err
+    assert "disagrees" not in err, err
+
+
+def test_an_edited_preset_and_a_typed_flag_are_told_apart(run, capsys):
+    out, go = run
+    data = json.loads((out / "config.json").read_text())
+    data["train"]["preset"] = "grpo" if data["train"]["preset"] != "grpo" else "s_grpo"
+    (out / "config.json").write_text(json.dumps(data))
+    assert go("--resume", "--seed", "3") == 2
+    err = capsys.readouterr().err
+    edited, typed = err.split("and the configuration given also differs from the checkpoint:")
+    assert "--preset: checkpoint" in edited and "config.json" in edited, err
+    assert "--seed: checkpoint 0, now 3" in typed and "loss." not in typed, err

@@ -23,7 +23,7 @@ from ..config import RESUME_SAFE, TrainConfig
 from ..errors import Refused
 from ..run.checkpoint import STATE_FILE, CheckpointError, read_checkpoint
 from ..run.files import MANIFEST, OWNER, read_manifest, read_text
-from ..run.metrics import write_json
+from ..run.metrics import dumps, write_json
 
 # What a run writes into OUTPUT_DIR (and --overwrite deletes); anything else there is left alone.
 RUN_FILES = (
@@ -119,6 +119,63 @@ def config_differences(saved: dict, cfg: TrainConfig, loss_cfg: LossConfig) -> l
     return out
 
 
+def edited_config(out_dir: Path, saved: dict) -> list[str]:
+    """'FIELD: checkpoint X, config.json Y' for every setting outside RESUME_SAFE where OUTPUT_DIR/config.json (which
+    the run wrote from the same configuration as its checkpoint, and --resume reads) disagrees with the checkpoint:
+    the file was edited. Empty when it agrees, or cannot be read as a run's config.json."""
+    try:
+        data = json.loads(read_text(out_dir / "config.json"))
+        train, loss = data["train"], data["loss"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    if not (isinstance(train, dict) and isinstance(loss, dict)):
+        return []
+
+    def changed(section: dict, key: str, value) -> bool:  # compared as config.json holds them (tuples as lists)
+        return json.loads(dumps(value)) != json.loads(dumps(section.get(key, "<absent>")))
+
+    out = [
+        f"--{k.replace('_', '-')}: checkpoint {v!r}, config.json {train.get(k, '<absent>')!r}"
+        for k, v in saved["config"].items()
+        if k not in RESUME_SAFE and changed(train, k, v)
+    ]
+    out += [
+        f"loss.{k}: checkpoint {v!r}, config.json {loss.get(k, '<absent>')!r}"
+        for k, v in saved["loss_config"].items()
+        if changed(loss, k, v)
+    ]
+    return out
+
+
+def _differs(out_dir: Path, ckpt_file: Path, saved: dict, diffs: list[str]) -> str:
+    """The refusal of a --resume whose configuration differs from the checkpoint's (`diffs`)."""
+    safe = ", ".join("--" + f.replace("_", "-") for f in sorted(RESUME_SAFE))
+    config = out_dir / "config.json"
+    edited = edited_config(out_dir, saved)
+    if not edited:
+        return (
+            f"--resume: the configuration differs from the one {ckpt_file} was trained with:\n  "
+            + "\n  ".join(diffs)
+            + f"\nOnly these may change on --resume: {safe}.\n"
+            f"Resume with the checkpoint's values (all of them are in {config}), or start a new run in another "
+            "--output-dir."
+        )
+    names = {line.split(":")[0] for line in edited}
+    if names & {"--preset", "--loss"}:  # the loss edited: every loss.FIELD that changes with it is the file's doing
+        names |= {line.split(":")[0] for line in diffs if line.startswith("loss.")}
+    typed = [line for line in diffs if line.split(":")[0] not in names]  # (a flag typed, or another --config file)
+    return (
+        f"--resume: {config} disagrees with the checkpoint {ckpt_file}: it was edited after the run wrote it (a "
+        "resume without --config reads its settings from it):\n  "
+        + "\n  ".join(edited)
+        + ("\nand the configuration given also differs from the checkpoint:\n  " + "\n  ".join(typed) if typed else "")
+        + f"\nOnly these may change on --resume: {safe}.\n"
+        f"To continue the run, put the checkpoint's values above back into {config} (or type each as a flag: a "
+        f"flag you type overrides the file). To train with the edited settings, start a new run from it: "
+        f"--config {config} --output-dir ANOTHER_DIR."
+    )
+
+
 def describe_existing(out_dir: Path) -> str | None:
     """None when OUTPUT_DIR holds no run; else what is there (from summary.json, which is cheap to read)."""
     metrics = out_dir / "metrics.jsonl"
@@ -168,14 +225,7 @@ def open_output_dir(cfg: TrainConfig, loss_cfg: LossConfig) -> dict | None:
         ckpt = read_checkpoint(ckpt_file)
         diffs = config_differences(ckpt, cfg, loss_cfg)
         if diffs:
-            safe = ", ".join("--" + f.replace("_", "-") for f in sorted(RESUME_SAFE))
-            raise Refused(
-                f"--resume: the configuration differs from the one {ckpt_file} was trained with:\n  "
-                + "\n  ".join(diffs)
-                + f"\nOnly these may change on --resume: {safe}.\n"
-                f"Resume with the checkpoint's values (all of them are in {out_dir / 'config.json'}), or start a new "
-                "run in another --output-dir."
-            )
+            raise Refused(_differs(out_dir, ckpt_file, ckpt, diffs))
         ckpt_file.with_name(STATE_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted save's leftover
         if manifest is None:  # a run written before manifests: the checkpoint makes it ours
             write_manifest(out_dir)
