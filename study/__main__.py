@@ -48,15 +48,38 @@ def _positive(text: str) -> int:
     return n
 
 
-def duplicated_sets(items: list[str]) -> str | None:
-    """What is wrong when two `--set` items name the same field (max-steps and max_steps included), else None."""
+def _switch(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} refused: expected true or false (or yes/no, on/off, 1/0)")
+
+
+def _set_key(item: str) -> str:
+    return item.partition("=")[0].strip().replace("-", "_")
+
+
+def duplicated_sets(items: list[str], where: str = "") -> str | None:
+    """What is wrong when two `--set` items name the same field (max-steps and max_steps included), else None;
+    `where`: the --config file they came from, when they did."""
     seen: dict[str, str] = {}
     for item in items:
-        key = item.partition("=")[0].strip().replace("-", "_")
+        key = _set_key(item)
         if key in seen:
-            return f"--set {seen[key]!r} and --set {item!r}: {key} given twice; give each field once"
+            return f"{where}--set {seen[key]!r} and --set {item!r}: {key} given twice; give each field once"
         seen[key] = item
     return None
+
+
+def merged_sets(from_file: list[str], typed: list[str], path: str | None) -> list[str]:
+    """The --set items of a call: the --config file's, less the fields typed again, then the typed ones (typed flags
+    win over the file). Each list must name a field once: a ValueError else (naming the file for its own)."""
+    if problem := duplicated_sets(from_file, f"--config {path}: ") or duplicated_sets(typed):
+        raise ValueError(problem)
+    keys = {_set_key(item) for item in typed}
+    return [item for item in from_file if _set_key(item) not in keys] + typed
 
 
 def unwritable(flag: str, folder: Path) -> str | None:
@@ -98,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", type=Path, help=f"where runs train and keep checkpoints [{WORK}/NAME]")
     p.add_argument("--report", type=Path, metavar="DIR", help="only aggregate the finished runs in DIR (no training)")
     p.add_argument("--no-figure", action="store_true", help="skip study.png")
-    p.add_argument("--progress", type=lambda t: t.lower() not in ("0", "false", "no", "off"), default=True)
+    p.add_argument("--progress", type=_switch, default=True, metavar="BOOL",
+                   help="a progress bar over the grid, true or false [true]")  # fmt: skip
     p.add_argument("--config", metavar="FILE", help="a YAML/JSON mapping of these options (flags typed win)")
     return p
 
@@ -111,10 +135,14 @@ def config_argv(path: str) -> list[str]:
     from .trainer import read_config_text as _parse_text
 
     options = {a.dest: a for a in build_parser()._actions if a.option_strings and a.dest not in ("help", "config")}
+    if Path(path).is_dir():
+        raise ValueError(f"--config {path}: a folder; expected a YAML or JSON file of options")
     try:
-        data = _parse_text(Path(path)) if Path(path).is_file() else None
+        data = _parse_text(Path(path))  # a missing file: refused naming it
     except ConfigFileError as exc:
         raise ValueError(str(exc)) from None
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--config {path}: expected a mapping of options (regime: default, seeds: [0, 1], ...)")
     out = []
@@ -123,8 +151,13 @@ def config_argv(path: str) -> list[str]:
         if action is None:
             raise ValueError(f"--config {path}: unknown key {key!r}; expected one of {', '.join(sorted(options))}")
         flag = action.option_strings[0]
-        if action.nargs == 0:  # --no-figure
-            out += [flag] if value else []
+        if value is None:  # `out: null`: the option's default, as if the key were absent
+            continue
+        if action.nargs == 0:  # --no-figure: a boolean, or the words --progress takes
+            try:
+                out += [flag] if (value if isinstance(value, bool) else _switch(str(value))) else []
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"--config {path}: key {key!r}: {exc}") from None
         elif action.dest == "set":
             out += [a for v in (value if isinstance(value, list) else [value]) for a in (flag, str(v))]
         else:
@@ -162,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"python -m study: {exc}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
+    from_file = args.set[: len(args.set) - len(first.set)]  # the file's flags come first
     if args.report is not None:
         if not (args.report / "runs").is_dir():
             print(f"--report {args.report}: no runs/ folder there (expected a study's results folder)", file=sys.stderr)
@@ -176,9 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.regime
     out, work = args.out or RESULTS / name, args.work or WORK / name
     try:
-        if problem := duplicated_sets(args.set):
-            raise ValueError(problem)
-        overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
+        sets = merged_sets(from_file, first.set, first.config)
+        overrides = {**REGIMES[args.regime], **parse_sets(sets)}
         specs = grid(args.arms, args.seeds, overrides, work, out)
         for spec in specs:
             spec.config()  # every run's arguments, checked before the first starts

@@ -19,11 +19,14 @@ from study.trainer import dumps
 
 
 @pytest.fixture(autouse=True)
-def _no_trainer(monkeypatch):
+def _no_trainer(monkeypatch, tmp_path):
+    """No trainer starts, and a call that fell through to the default folders (relative ones) writes under tmp_path."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("a test of the study's inputs started a trainer")
 
     monkeypatch.setattr(runner, "_start", refuse)
+    monkeypatch.chdir(tmp_path)
 
 
 def spec_train(arm: str, seed: int, overrides: dict | None = None) -> dict:
@@ -210,3 +213,62 @@ def test_a_study_adopts_finished_runs_that_are_what_it_would_run(tmp_path, capsy
     assert study_main.main(_study_argv(out, work)) == 0, capsys.readouterr().err
     assert csv_rows(out) == [("grpo", "0"), ("grpo", "1")]
     assert json.loads((out / "manifest.json").read_text())["overrides"] == REGIMES["default"]
+
+
+# ------------------------------------------------------------------------------------------------ the --config file
+
+
+def _config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_config_null_is_the_default_and_switches_are_read_as_words(tmp_path):
+    """`out: null` / `report: null` leave the option at its default (before: --out None, a folder named None);
+    `no_figure: "false"` / "no" leave the flag off (before: on); a word that is not a boolean is refused."""
+    argv = study_main.config_argv
+    assert argv(_config(tmp_path, "out: null\nreport: null\nname: null\nset: null\n")) == []
+    for word, on in (('"false"', False), ('"no"', False), ("off", False), ('"yes"', True), ("true", True)):
+        assert argv(_config(tmp_path, f"no_figure: {word}\n")) == (["--no-figure"] if on else []), word
+    with pytest.raises(ValueError, match="key 'no_figure': 'maybe' refused: expected true or false"):
+        argv(_config(tmp_path, "no_figure: maybe\n"))
+
+
+def test_progress_is_true_or_false(tmp_path, capsys):
+    """--progress flase (typed) and `progress: "nope"` (in the file) are refused; before: both meant on."""
+    parser = study_main.build_parser()
+    for argv in (["--progress", "flase"], study_main.config_argv(_config(tmp_path, 'progress: "nope"\n'))):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 2 and "expected true or false" in capsys.readouterr().err
+    assert parser.parse_args(["--progress", "Off"]).progress is False and parser.parse_args([]).progress is True
+    assert "progress bar" in parser.format_help()
+
+
+def test_config_file_missing_or_a_folder_is_named(tmp_path, capsys):
+    """Before: both said "expected a mapping of options"."""
+    for path, needle in ((tmp_path / "nope.yaml", "cannot read it (No such file"), (tmp_path, "a folder")):
+        assert study_main.main(["--config", str(path), "--report", str(tmp_path / "none")]) == 2  # --report: no run
+        err = capsys.readouterr().err
+        assert f"--config {path}: {needle}" in err and "mapping" not in err, err
+
+
+def test_typed_set_wins_over_the_files(tmp_path, monkeypatch, capsys):
+    """`set: [lr=1e-4, max_steps=3]` in the file and a typed `--set lr=2e-4`: the typed one wins, the file's other
+    fields stay. Before: refused as "given twice". Two of the file's own are refused naming the file."""
+    seen = {}
+
+    def run_grid(specs, *args, **kwargs):
+        seen.update(specs[0].overrides)
+        return 0, []
+
+    monkeypatch.setattr(study_main, "run_grid", run_grid)
+    cfg = _config(tmp_path, "set: [lr=1e-4, max_steps=3]\n")
+    dirs = ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    assert study_main.main(["--config", cfg, "--arms", "grpo", "--seeds", "0", "--set", "lr=2e-4", *dirs]) == 0
+    assert seen["lr"] == "2e-4" and seen["max_steps"] == "3", seen
+    cfg = _config(tmp_path, "set: [lr=1e-4, lr=3e-4]\n")
+    assert study_main.main(["--config", cfg, "--arms", "grpo", "--seeds", "0", *dirs]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {cfg}: --set 'lr=1e-4' and --set 'lr=3e-4': lr given twice" in err, err
