@@ -48,6 +48,24 @@ def _positive(text: str) -> int:
     return n
 
 
+def _threads(text: str) -> int:
+    """--threads: at least 1, at most the machine's CPU count (a larger count oversubscribes it; a huge one makes every
+    trainer abort in the OpenMP runtime after the study has started)."""
+    n, cores = _positive(text), os.cpu_count() or 1
+    if n > cores:
+        raise argparse.ArgumentTypeError(f"{text!r} refused: this machine has {cores} CPU(s); expected at most {cores}")
+    return n
+
+
+def _name(text: str) -> str:
+    """--name: one plain folder name (it is joined to the results and work folders), never a path."""
+    if text in ("", ".", "..") or text != text.strip() or any(c in text for c in "/\\\0"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} refused: expected a single plain folder name (no '/', not '.' or '..'), e.g. stress-lr5e-4"
+        )
+    return text
+
+
 def _switch(text: str) -> bool:
     word = text.strip().lower()
     if word in ("1", "true", "yes", "on"):
@@ -82,6 +100,16 @@ def merged_sets(from_file: list[str], typed: list[str], path: str | None) -> lis
     return [item for item in from_file if _set_key(item) not in keys] + typed
 
 
+def nested_work(work: Path, out: Path) -> str | None:
+    """What is wrong when --work is --out or inside it (its runs/ included), else None: unfinished runs' checkpoints and
+    logs would land in the results folder (and a run's work folder could be its results folder)."""
+    w, o = work.resolve(), out.resolve()
+    if w == o or w.is_relative_to(o):
+        return (f"--work {work} is --out {out} or inside it: unfinished runs' checkpoints would land in the results; "
+                "choose a --work outside --out")  # fmt: skip
+    return None
+
+
 def unwritable(flag: str, folder: Path) -> str | None:
     """What is wrong when nothing can be written in `folder` (made when missing), else None."""
     try:
@@ -109,13 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
         "OUT/study.{csv,json,md,png}.",
     )
     p.add_argument("--regime", default="default", choices=sorted(REGIMES), help="named trainer overrides [default]")
-    p.add_argument("--name", help="the study's name (its results folder); default: the regime's name")
+    p.add_argument("--name", type=_name, help="the study's name (its results folder); default: the regime's name")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="extra trainer override")
     p.add_argument("--arms", type=_arms, default=list(ARMS), help="comma-separated arms [every main arm]")
     p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="comma-separated seeds [0,1,2]")
     p.add_argument("--workers", type=_positive, default=1, help="runs at a time [1]")
     p.add_argument(
-        "--threads", type=_positive, help="CPU threads per run [cores // workers]; the runs share the machine's cores"
+        "--threads",
+        type=_threads,
+        help="CPU threads per run, at most the machine's cores [cores // workers]; the runs share the machine's cores",
     )
     p.add_argument("--out", type=Path, help=f"results folder [{RESULTS}/NAME]")
     p.add_argument("--work", type=Path, help=f"where runs train and keep checkpoints [{WORK}/NAME]")
@@ -210,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.regime
     out, work = args.out or RESULTS / name, args.work or WORK / name
     try:
+        if problem := nested_work(work, out):
+            raise ValueError(problem)
         sets = merged_sets(from_file, first.set, first.config)
         overrides = {**REGIMES[args.regime], **parse_sets(sets)}
         specs = grid(args.arms, args.seeds, overrides, work, out)

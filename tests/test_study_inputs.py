@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,35 @@ def test_typed_set_wins_over_the_files(tmp_path, monkeypatch, capsys):
     assert study_main.main(["--config", cfg, "--arms", "grpo", "--seeds", "0", *dirs]) == 2
     err = capsys.readouterr().err
     assert f"--config {cfg}: --set 'lr=1e-4' and --set 'lr=3e-4': lr given twice" in err, err
+
+
+# ------------------------------------------------------------------------------------- --name, --threads, --work
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".", "..", "/abs"])
+def test_name_is_one_plain_folder_name(capsys, name):
+    """Before: accepted, and the results landed outside benchmarks/results/study (../x, /abs) or in it (.)."""
+    with pytest.raises(SystemExit):
+        study_main.build_parser().parse_args(["--name", name])
+    assert "expected a single plain folder name" in capsys.readouterr().err
+    assert study_main.build_parser().parse_args(["--name", "stress-lr5e-4"]).name == "stress-lr5e-4"
+
+
+def test_threads_at_most_the_machines_cores(capsys):
+    """Before: any count, and a huge one made every trainer abort in libgomp after the study had started."""
+    cores = os.cpu_count() or 1
+    with pytest.raises(SystemExit):
+        study_main.build_parser().parse_args(["--threads", str(cores + 1)])
+    assert f"this machine has {cores} CPU(s); expected at most {cores}" in capsys.readouterr().err
+    assert study_main.build_parser().parse_args(["--threads", str(cores)]).threads == cores
+
+
+@pytest.mark.parametrize("inside", ["runs", "runs/grpo", "", "scratch"])
+def test_work_inside_out_is_refused(tmp_path, monkeypatch, capsys, inside):
+    """--work OUT/runs (or OUT itself, or under it): unfinished runs' checkpoints would land in the results. Before:
+    accepted."""
+    monkeypatch.setattr(study_main, "run_grid", lambda *a, **k: (0, []))
+    out = tmp_path / "out"
+    work = out / inside if inside else out
+    assert study_main.main(["--arms", "grpo", "--seeds", "0", "--out", str(out), "--work", str(work)]) == 2
+    assert f"--work {work} is --out {out} or inside it" in capsys.readouterr().err
