@@ -220,8 +220,9 @@ def _next_below(vals: Tensor, t: Tensor, complete: Tensor) -> tuple[Tensor, Tens
 def _bin_index(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
     """Bin of each value, a monotone map: 0 below lo, 1 .. BINS across [lo, hi) (BINS equal bins, up to rounding),
     BINS + 1 from hi up. Only monotonicity matters: the passes that count a bin and gather it use this same map
-    (_gather_bin compares the same u with the bin's edges)."""
-    return _bin_u(z, lo, inv_w).clamp_(0, BINS + 1).to(torch.int64)
+    (_gather_bin compares the same u with the bin's edges). NaN: bin 0, not NaN's out-of-bounds int64 (pass 1 sees
+    every row; _nonfinite_rows then keeps a NaN row out of the searches)."""
+    return _bin_u(z, lo, inv_w).nan_to_num_(nan=0.0).clamp_(0, BINS + 1).to(torch.int64)
 
 
 def _bin_u(z: Tensor, lo: Tensor, inv_w: Tensor) -> Tensor:
@@ -358,6 +359,17 @@ def _gather_cap(vocab: int) -> int:
 # -------------------------------------------------------------------------------------------------------- the API
 
 
+def _nonfinite_rows(m: Tensor, far: Tensor, hk: Tensor, hp: Tensor, hm: Tensor, mp: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Rows whose max m is not finite, kept out of the searches (their bins would be NaN: an out-of-bounds index).
+    A NaN logit, or -inf logits only, make the row NaN whatever is cut: nothing cut (threshold -inf). +inf logits
+    hold all the mass: top_p keeps just them, as does a top_k beyond the top list (z >= m: min_p's closed form with
+    min_p = 1; a top_k the list decides is read off it). -> (has_k, has_p, has_m, min_p)."""
+    hot, live = m == math.inf, m > -math.inf  # (live: False for NaN too)
+    fold = hot & (hp | (hk & far))
+    return hk & ~(hot & far) & live, hp & ~hot & live, (hm | fold) & live, torch.where(hot, torch.ones_like(mp), mp)
+
+
 def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tensor, min_p: Tensor, *,
                     dtype: torch.dtype, device: torch.device, memory_budget: int = 0) -> Tensor:
     """Per-row threshold (n,) in `dtype`: the sampler keeps z_j >= threshold (-inf: everything).
@@ -377,6 +389,7 @@ def find_thresholds(tile: TileFn, n: int, vocab: int, top_k: Tensor, top_p: Tens
     c = min(vocab, max(TOP_C, min(kmax + 1, MAX_C)))
     # pass 1 keeps a histogram when some row has top_p alone: most such rows need no more than one gather pass
     m, s, zmin, top, hist = srch.first_pass(rows, c, with_sum=bool(hp.any()), with_hist=bool((hp & ~hk & ~hm).any()))
+    hk, hp, hm, mp = _nonfinite_rows(m, k > c, hk, hp, hm, mp)  # (kept out of the searches)
     complete = torch.full_like(hk, vocab <= c)
     ninf = torch.full_like(m, -math.inf)
 

@@ -83,7 +83,7 @@ def test_logits_nonfinite_rows_match_float64(dev_backend, temperature):
     assert torch.equal(logp[fin].detach(), alone.logp) and torch.equal(ent[fin].detach(), alone.entropy)
 
 
-@pytest.mark.parametrize("sampling", [dict(top_k=3), dict(min_p=0.1)], ids=["top_k", "min_p"])
+@pytest.mark.parametrize("sampling", [dict(top_k=3), dict(top_p=0.9), dict(min_p=0.1)], ids=["top_k", "top_p", "min_p"])
 def test_truncated_inf_rows_match_float64(dev_backend, sampling):
     """+inf and -inf rows under the sampler's support: as float64, the gradient 0 outside the support (the triton
     backward gave 0 * NaN there on a +inf row, from its NaN entropy)."""
@@ -146,3 +146,73 @@ def test_sgrpo_loss_nan_hidden_is_nan(dev_backend):
                             mask.to(device), sk.rl.preset("dapo"), backend=backend)
     assert torch.isnan(loss)
 
+
+# ------------------------------------------------------------------------------ the sampler's support (top_k ...)
+
+SAMPLING = [dict(top_p=0.9), dict(top_k=3), dict(min_p=0.1), dict(top_k=5, top_p=0.8),
+            dict(top_p=torch.tensor([0.9, 0.5, 0.7, 1.0, 0.95, 0.6]))]
+
+
+@pytest.mark.parametrize("sampling", SAMPLING, ids=["top_p", "top_k", "min_p", "top_k_top_p", "top_p_rows"])
+def test_truncated_nan_row_is_nan_and_the_others_unchanged(dev_backend, sampling):
+    """One NaN row in a batch: that row NaN, every other row as float64 gives it (top_p raised an out-of-bounds
+    index error from the search's histogram for the whole batch, on every backend)."""
+    device, backend = dev_backend
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, V, generator=g) * 2
+    x[2, 7] = NAN
+    t = torch.tensor([0, 1, 2, 3, 4, 5])
+    gl, ge = torch.linspace(0.5, 1.5, 6), torch.linspace(-0.7, 0.3, 6)
+    leaf = x.to(device).requires_grad_(True)
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in sampling.items()}
+    logp, ent = sk.logprobs_from_logits(leaf, t.to(device), backend=backend, **kw)
+    (grad,) = torch.autograd.grad((logp * gl.to(device)).sum() + (ent * ge.to(device)).sum(), [leaf])
+    assert torch.isnan(logp[2]) and torch.isnan(ent[2]) and torch.isnan(grad[2]).all()
+    fin = [0, 1, 3, 4, 5]
+    exact = x[fin].double().requires_grad_(True)
+    rows = {k: (v[fin] if isinstance(v, torch.Tensor) else v) for k, v in sampling.items()}
+    want_logp, want_ent = ref.logprobs_from_logits(exact, t[fin], out_dtype=None, **rows)
+    (want_grad,) = torch.autograd.grad((want_logp * gl[fin].double()).sum() + (want_ent * ge[fin].double()).sum(),
+                                       [exact])
+    _close((logp[fin], ent[fin], grad[fin]), (want_logp.detach(), want_ent.detach(), want_grad),
+           ("logp", "entropy", "grad_logits"))
+
+
+def test_truncated_linear_nan_hidden_row(dev_backend):
+    """The same through linear_logprobs: a NaN hidden state under top_p gives a NaN row, the others as float64."""
+    device, backend = dev_backend
+    h, w, b, t = _linear_case("nan_hidden")
+    logp, ent = sk.linear_logprobs(h.to(device), w.to(device), t.to(device), bias=b.to(device), backend=backend,
+                                   top_p=0.9)
+    assert torch.isnan(logp[1]) and torch.isnan(ent[1])
+    fin = [0, 2, 3]
+    want = ref.linear_logprobs(h[fin].double(), w.double(), t[fin], bias=b.double(), out_dtype=None, top_p=0.9)
+    _close((logp[fin], ent[fin]), want, ("logp", "entropy"))
+
+
+@pytest.mark.parametrize("vocab, sampling", [
+    (211, dict(top_p=0.9)), (211, dict(top_k=100, top_p=0.5)), (211, dict(min_p=0.1, top_p=0.9)),
+    (1031, dict(top_k=1030)), (1031, dict(top_k=1030, top_p=0.8)),
+], ids=["top_p", "top_k_top_p", "min_p_top_p", "far_top_k", "far_top_k_top_p"])
+def test_truncated_search_with_nonfinite_rows(dev_backend, vocab, sampling):
+    """Rows the support search cannot bin (a +inf, -inf-only or NaN row: NaN bin indices, out of bounds) stay out of
+    it, so the batch runs (each case raised before): the finite rows as float64, the +inf rows' support just their
+    +inf tokens (float64's for top_p; a top_k beyond the search's top list keeps those too), the others NaN."""
+    device, backend = dev_backend
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, vocab, generator=g) * 2
+    x[1, 7] = INF  # +inf on another token
+    x[2, 9], x[2, 100] = INF, INF  # +inf at the target and elsewhere
+    x[3] = -INF
+    x[4, 3] = NAN
+    t = torch.tensor([1, 2, 100, 5, 6, 7])
+    gl, ge = torch.linspace(0.5, 1.5, 6), torch.linspace(-0.7, 0.3, 6)
+    leaf = x.to(device).requires_grad_(True)
+    logp, ent = sk.logprobs_from_logits(leaf, t.to(device), backend=backend, **sampling)
+    (grad,) = torch.autograd.grad((logp * gl.to(device)).sum() + (ent * ge.to(device)).sum(), [leaf])
+    want_logp, want_ent, want_grad = _exact_logits(x, t, gl, ge, **sampling)
+    fwd = [0, 1, 2, 3]  # (float64's support of a NaN row is arbitrary: row 4 is checked below)
+    rows = fwd if sampling.get("top_k", 0) <= 1024 else [0]  # (a far top_k: the grad's NaN columns differ)
+    _close((logp[fwd], ent[fwd]), (want_logp[fwd], want_ent[fwd]), ("logp", "entropy"))
+    _close((grad[rows],), (want_grad[rows],), ("grad_logits",))
+    assert torch.isnan(logp[4]) and torch.isnan(ent[4]) and torch.isnan(grad[4]).all()
