@@ -69,7 +69,8 @@ class Sampling:
                 return v.to(dtype)
             return torch.full((n,), default if v is None else v, dtype=dtype, **kw)
 
-        k = full(self.top_k, vocab, torch.int64)
+        # a Python int k >= V keeps all (as V does): clamped, so that k beyond int64 (2**70) is not an OverflowError
+        k = full(min(self.top_k, vocab) if isinstance(self.top_k, int) else self.top_k, vocab, torch.int64)
         return k, full(self.top_p, 1.0, torch.float64), full(self.min_p, 0.0, torch.float64)
 
 

@@ -216,3 +216,22 @@ def test_truncated_search_with_nonfinite_rows(dev_backend, vocab, sampling):
     _close((logp[fwd], ent[fwd]), (want_logp[fwd], want_ent[fwd]), ("logp", "entropy"))
     _close((grad[rows],), (want_grad[rows],), ("grad_logits",))
     assert torch.isnan(logp[4]) and torch.isnan(ent[4]) and torch.isnan(grad[4]).all()
+
+
+# --------------------------------------------------------------------------------------- settings out of range
+
+
+@pytest.mark.parametrize("top_k", [2**63, 2**70])
+def test_top_k_beyond_int64_keeps_every_token(dev_backend, top_k):
+    """top_k >= V keeps every token, however large (2**70 was an OverflowError): the full op's bits, float64's
+    values."""
+    device, backend = dev_backend
+    h, w, b, t = _linear_case("none")
+    args = (h.to(device), w.to(device), t.to(device))
+    got = sk.linear_logprobs(*args, bias=b.to(device), backend=backend, top_k=top_k)
+    full = sk.linear_logprobs(*args, bias=b.to(device), backend=backend)
+    assert torch.equal(got.logp, full.logp) and torch.equal(got.entropy, full.entropy)
+    _close(got, ref.linear_logprobs(h.double(), w.double(), t, bias=b.double(), out_dtype=None), ("logp", "entropy"))
+    x = (h @ w.T).to(device)
+    assert torch.equal(sk.logprobs_from_logits(x, t.to(device), backend=backend, top_k=top_k).logp,
+                       sk.logprobs_from_logits(x, t.to(device), backend=backend).logp)
