@@ -68,6 +68,7 @@ def test_json_config_and_data_alias(tmp_path):
         ("loss.beta: -007\n", ["line 1: -007 is read as an octal number"]),
         ("time_budget_s: 1:30\n", ["line 1: 1:30 is read as a base-60 number", "write it in decimal"]),
         ("use_vllm: off\n", ["key 'use_vllm': False refused", "quote the text (use_vllm: 'off')"]),  # was unexplained
+        ("train: [1]\n", ["key 'train': a list of 1 item(s) refused: a run's config.json holds \"train\": a mapping"]),
     ],
 )
 def test_bad_files_are_refused_naming_the_key(tmp_path, capsys, text, words):

@@ -275,6 +275,10 @@ def read_config_file(path: str | Path) -> ConfigFile:
         raise ConfigFileError(f"{where}: expected a mapping of fields (field: value), got a {type(data).__name__}")
     out = ConfigFile(path)
     run_dir = "train" in data and isinstance(data["train"], dict)  # a run's own config.json
+    if "train" in data and not run_dir:
+        shape = '{"train": {"max_steps": 30, ...}, "loss": {...}}'
+        raise ConfigFileError(f"{where}: key 'train': {_show(data['train'])} refused: a run's config.json holds "
+                              f'"train": a mapping of fields ({shape})')  # fmt: skip
     if run_dir:
         extra = sorted(set(data) - {"train", "loss", "world_size"})
         if extra:
