@@ -74,12 +74,21 @@ def check_choice(name: str, x: object, choices: tuple[str, ...]) -> str:
     return x
 
 
+# float32's smallest normal number: the kernels compute z = logits / temperature in float32 (triton: logits times
+# 1 / temperature as a float32 scalar), where a smaller temperature is itself rounded (1e-45 is stored as 1.4e-45)
+# and 1 / temperature overflows to inf (NaN for every row). Such a temperature is greedy decoding for any sampler.
+MIN_TEMPERATURE = 2.0**-126
+
+
 def check_temperature(temperature: object) -> float:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise TypeError(f"temperature must be a Python float, got {type(temperature).__name__}")
     t = float(temperature)
     if not math.isfinite(t) or t <= 0.0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if t < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be >= {MIN_TEMPERATURE:.8g} (float32's smallest normal number: the ops "
+                         f"compute logits / temperature in float32), got {temperature!r}")
     return t
 
 

@@ -235,3 +235,29 @@ def test_top_k_beyond_int64_keeps_every_token(dev_backend, top_k):
     x = (h @ w.T).to(device)
     assert torch.equal(sk.logprobs_from_logits(x, t.to(device), backend=backend, top_k=top_k).logp,
                        sk.logprobs_from_logits(x, t.to(device), backend=backend).logp)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-39, 1e-300])
+def test_subnormal_temperature_refused_by_name(temperature):
+    """A temperature below float32's smallest normal number (2**-126) is refused, naming it and the bound: the ops
+    compute logits / temperature in float32, where it is rounded and its inverse is inf (1e-45 gave NaN where float64
+    is finite)."""
+    h, w, b, t = _linear_case("none")
+    for call in (lambda: sk.linear_logprobs(h, w, t, temperature=temperature),
+                 lambda: sk.logprobs_from_logits(h @ w.T, t, temperature=temperature)):
+        with pytest.raises(ValueError, match=r"temperature must be >= 1\.1754944e-38") as info:
+            call()
+        assert repr(temperature) in str(info.value)
+
+
+def test_smallest_normal_temperature_matches_float64(dev_backend):
+    """Just above the bound, logits small enough not to overflow float32 (|x| / T < 3.4e38) give float64's answer."""
+    device, backend = dev_backend
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, V, generator=g) * 0.1
+    t = torch.tensor([0, 1, 2])
+    tau = 2.0**-126 * 4
+    logp, ent = sk.logprobs_from_logits(x.to(device), t.to(device), backend=backend, temperature=tau)
+    want = ref.logprobs_from_logits(x.double(), t, temperature=tau, out_dtype=None)
+    torch.testing.assert_close(logp.cpu().double(), want[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(ent.cpu().double(), want[1], rtol=0, atol=1e-6)
