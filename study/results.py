@@ -69,6 +69,11 @@ def read_json(path: Path, expected: str):
 def read_jsonl(path: Path, expected: str) -> list[dict]:
     """The JSON objects of a JSON-lines file (blank lines skipped); a line that is not a JSON object is a ValueError
     naming the file and the line."""
+    return [rec for _, rec in numbered_jsonl(path, expected)]
+
+
+def numbered_jsonl(path: Path, expected: str) -> list[tuple[int, dict]]:
+    """`read_jsonl` with each object's line number."""
     try:
         with open(path) as fh:
             lines = list(fh)
@@ -86,7 +91,7 @@ def read_jsonl(path: Path, expected: str) -> list[dict]:
             raise ValueError(f"{path}, line {i}: not valid JSON ({exc.msg}); expected {expected}") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{path}, line {i}: {_kind(rec)}, not a JSON object; expected {expected}")
-        out.append(rec)
+        out.append((i, rec))
     return out
 
 
@@ -251,22 +256,13 @@ def read_heldout(run_dir: Path) -> dict[int, dict] | None:
         return None
     out: dict[int, dict] = {}
     expected = "{id: int, q: str, before: bool, after: bool}"
-    with open(path) as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {i}: not valid JSON ({exc.msg}); expected {expected}") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}, line {i}: {_kind(rec)}, not a JSON object; expected {expected}")
-            bad = [k for k, t in (("id", int), ("q", str), ("before", bool), ("after", bool)) if
-                   not isinstance(rec.get(k), t) or (t is int and isinstance(rec.get(k), bool))]  # fmt: skip
-            if bad or rec["id"] in out:
-                what = f"field(s) {', '.join(bad)} missing or mistyped" if bad else f"id {rec['id']} repeated"
-                raise ValueError(f"{path}, line {i}: {what}; expected {expected}")
-            out[rec["id"]] = rec
+    for i, rec in numbered_jsonl(path, expected):
+        bad = [k for k, t in (("id", int), ("q", str), ("before", bool), ("after", bool)) if
+               not isinstance(rec.get(k), t) or (t is int and isinstance(rec.get(k), bool))]  # fmt: skip
+        if bad or rec["id"] in out:
+            what = f"field(s) {', '.join(bad)} missing or mistyped" if bad else f"id {rec['id']} repeated"
+            raise ValueError(f"{path}, line {i}: {what}; expected {expected}")
+        out[rec["id"]] = rec
     return out
 
 
