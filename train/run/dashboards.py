@@ -70,9 +70,9 @@ def dashboard_backend(kind: str):
     """The package `--report-to KIND` writes with (TensorBoard's SummaryWriter, or trackio), imported; one that is
     missing or fails to import (a protobuf it does not accept, say) is a refusal naming it. The trainer calls this
     before it starts, so such a run stops before anything is loaded or written."""
-    package = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(kind)
-    if package is None:
+    if kind not in KINDS or kind == "none":
         raise ValueError(f"report_to={kind!r}: expected tensorboard or trackio")
+    package = kind  # each dashboard is the package of its name
     try:
         if kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
