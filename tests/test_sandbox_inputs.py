@@ -104,12 +104,23 @@ def _check(program: str, test: str) -> str:
     return r.detail
 
 
-def test_a_reply_over_the_message_limit_names_its_call_and_the_limit():
-    """A 5 MiB value was "call 1: no well-formed answer (ProtocolError: the other side closed the channel)": the
-    first call is call 0, and the limit was the reason."""
-    detail = _check("def f():\n    return 'x' * (5 << 20)\n", "def check(c):\n    c()\n")
-    assert detail.startswith("call 0: its value cannot be sent: the reply of "), detail
-    assert detail.endswith(" bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE)"), detail
+# A 5 MiB reply was "call 1: no well-formed answer (ProtocolError: the other side closed the channel)": the first call
+# is call 0, and the limit was the reason. Oversized arguments name their call the same way.
+@pytest.mark.parametrize(
+    ("program", "test", "head", "tail"),
+    [
+        ("def f():\n    return 'x' * (5 << 20)\n", "def check(c):\n    c()\n",
+         "call 0: its value cannot be sent: the reply of ", " bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE)"),
+        ("def f(x):\n    return x\n", "def check(c):\n    c(1)\n    c('x' * (5 << 20))\n",
+         "call 1: the test's arguments cannot be sent (the call of ",
+         " bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE))"),
+    ],
+    ids=["reply", "arguments"],
+)
+def test_a_value_over_the_message_limit_names_its_call_and_the_limit(program, test, head, tail):
+    detail = _check(program, test)
+    assert detail.startswith(head), detail
+    assert detail.endswith(tail), detail
 
 
 def test_an_oversized_line_from_the_candidate_names_the_limit():
@@ -118,12 +129,6 @@ def test_an_oversized_line_from_the_candidate_names_the_limit():
     assert detail == (
         "call 0: no well-formed answer (ProtocolError: a message longer than the limit of 4194304 bytes (MAX_MESSAGE))"
     )
-
-
-def test_arguments_over_the_message_limit_name_the_call():
-    detail = _check("def f(x):\n    return x\n", "def check(c):\n    c(1)\n    c('x' * (5 << 20))\n")
-    assert detail.startswith("call 1: the test's arguments cannot be sent (the call of "), detail
-    assert detail.endswith(" bytes exceeds the limit of 4194304 bytes (MAX_MESSAGE))"), detail
 
 
 def test_failed_calls_are_numbered_from_zero():
