@@ -127,6 +127,24 @@ def test_a_field_preset_trains(name, tmp_path):
     assert saved["train"]["preset"] == name and saved["loss"]["policy_term"] == name
 
 
+def test_a_field_preset_records_how_often_its_term_acted(tmp_path):
+    """policy_term_frac (the study's check that a stabilizer's term acted) is in every step of a field preset's run,
+    from the last pass: at one epoch CISPO's ratio is 1 and nothing is clipped; at two epochs the second pass's ratio
+    leaves the band. A PPO-clip run has no such key. (The tiny model's rewards are all equal: the entropy bonus gives
+    the update its gradient.)"""
+    import train.loop as loop
+
+    fracs = {}
+    for epochs in (1, 2):
+        out = tmp_path / f"cispo{epochs}"
+        loop.train(tiny_cfg(out, preset="cispo", ppo_epochs=epochs, lr=0.05), {"entropy_coef": 0.01})
+        fracs[epochs] = [r["policy_term_frac"] for r in steps_of(out)]
+    assert len(fracs[1]) == len(fracs[2]) >= 2 and set(fracs[1]) == {0.0}, fracs
+    assert max(fracs[2]) > 0.0, fracs
+    loop.train(tiny_cfg(tmp_path / "grpo", preset="grpo", max_steps=1), None)
+    assert all("policy_term_frac" not in r for r in steps_of(tmp_path / "grpo"))
+
+
 # -------------------------------------------------------------------------------------- sampler correction
 
 

@@ -96,6 +96,8 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
             "loss": m["loss"],
             "kl_ref": m["kl"],
         }
+        if "policy_term_frac" in m:  # a policy term other than PPO's clip (DPPO, CISPO, Clip-Cov, KL-Cov)
+            on_device["policy_term_frac"] = m["policy_term_frac"]
     on_device, formatted, rewards, correct = global_numbers(run, on_device, batch)
     v = metrics_to_floats(on_device)
     lv = v if m is not None else NO_LOSS
@@ -132,4 +134,6 @@ def step_record(run, step: int, batch: Batch, groups: GroupSignals, update: Upda
         "rollout_ratio_mean": update.rollout_ratio_mean,  # mean pi_trainer / pi_sampler; null as above
         "rollout_ratio_outside": update.rollout_ratio_outside,  # its fraction outside [0.9, 1.1]; null as above
     }
+    if run.loss_cfg.policy_term != "ppo":  # the active tokens its term masked, clipped or penalized (last pass)
+        record["policy_term_frac"] = lv.get("policy_term_frac", 0.0)
     return run.features.record(record)
