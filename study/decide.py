@@ -28,8 +28,10 @@ def run_facts(run_dir: Path) -> dict:
     c = classify(records, summary, CollapseRules(window=cfg["collapse_window"], low_entropy=cfg["collapse_entropy"]))
     steps = [r for r in records if "event" not in r]
     clip, step_s = [r.get("clip_frac") for r in steps], [r["step_s"] for r in steps if "step_s" in r]
+    term = [r.get("policy_term_frac") for r in steps]  # a field preset's term (train/record.py); absent elsewhere
     return {"after": summary["after"]["eval_acc"], "persistent": c["persistent"], "transient": c["transient"],
             "clip_active": any(x is not None and x > 0 for x in clip),
+            "term_active": any(x is not None and x > 0 for x in term),
             "step_s": sum(step_s) / len(step_s) if step_s else math.nan, **_greedy_rates(run_dir)}  # fmt: skip
 
 
@@ -100,7 +102,7 @@ def _in_family(item, fired: dict) -> bool:
 def _condition(cond: tuple, ctx: dict) -> tuple[bool | None, bool, str]:
     """(holds: True / False / None when it cannot be decided yet, rests on interim data, text)."""
     kind, target = cond[0], cond[1]
-    if kind in ("persistent_at_most", "persistent_at_least", "clip_active"):
+    if kind in ("persistent_at_most", "persistent_at_least", "clip_active", "term_active"):
         seeds = cond[3] if len(cond) > 3 else None  # (a screen's conditions: over the screen's seeds)
         runs, interim = _planned_runs(ctx["plan"], ctx["data"], target, ctx["fired"], seeds)
         k, n = sum(r["persistent"] for r in runs), len(runs)
@@ -109,6 +111,9 @@ def _condition(cond: tuple, ctx: dict) -> tuple[bool | None, bool, str]:
         if kind == "clip_active":
             on = sum(r["clip_active"] for r in runs)
             return on == n, interim, f"ratio clip fired in {on} of {n} runs of {target}"
+        if kind == "term_active":
+            on = sum(r["term_active"] for r in runs)
+            return on == n, interim, f"the policy term acted in {on} of {n} runs of {target}"
         holds = k <= cond[2] if kind == "persistent_at_most" else k >= cond[2]
         sign = "<=" if kind == "persistent_at_most" else ">="
         return holds, interim, f"persistent collapses of {target}: {k} of {n} ({sign} {cond[2]})"

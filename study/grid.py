@@ -132,6 +132,11 @@ RESEARCH_ARMS |= {
                            ("cispo", "CISPO, clipped importance-sampling weights"),
                            ("clip_cov", "Clip-Cov, high-covariance tokens get no gradient"),
                            ("kl_cov", "KL-Cov, a KL penalty on the high-covariance tokens"))),
+        # phase 2b (addendum 2026-11-30 (e)): the same four with their terms engaged as PPO's clip was in phase 2, by a
+        # second pass over each rollout batch (at one pass the ratio is 1 and DPPO-TV, CISPO, KL-Cov are plain GRPO)
+        *(Arm(f"{m}_ppo2_lr2.5e-4", m, "", f"the {m} preset (verl 0.9.1's defaults, beta 0) at lr 2.5e-4, 2 passes per "
+              "rollout batch", train={"lr": "2.5e-4", "ppo_epochs": "2"})
+          for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")),
     )
 }  # fmt: skip
 

@@ -13,7 +13,9 @@ decision; when none does, the decision is "inconclusive". Conditions (each decid
 - ("persistent_at_most", arm, k) / ("persistent_at_least", arm, k): the arm's runs with a persistent collapse
   (study/collapse.py) number at most / at least k (a 4th item: over those seeds, not the arm's planned ones);
 - ("clip_active", arm, None, seeds): every run of the arm (of `seeds`) clipped at least one token's ratio
-  (clip_frac > 0 at some step)."""
+  (clip_frac > 0 at some step);
+- ("term_active", arm, None, seeds): in every run of the arm (of `seeds`) a field preset's policy term masked,
+  clipped or penalized at least one token (policy_term_frac > 0 at some step)."""
 
 from __future__ import annotations
 
@@ -182,9 +184,8 @@ CAP = TR25
 SCREENED = ("grpo_nokl_ppo2_lr2.5e-4", "dppo_tv_lr2.5e-4", "cispo_lr2.5e-4", "clip_cov_lr2.5e-4", "kl_cov_lr2.5e-4")
 
 
-def _screen(i: int, arm: str) -> tuple[Contrast, Contrast, Fisher, Hypothesis, Hypothesis]:
+def _screen(i: int, arm: str, active: tuple = ()) -> tuple[Contrast, Contrast, Fisher, Hypothesis, Hypothesis]:
     s, c = f"S{i}", f"K{i}"
-    active = (("clip_active", arm, None, FIVE),) if "ppo2" in arm else ()
     passed = ("screen", f"{arm} passes the screen")
     return (
         _pair(s, arm, CAP, FIVE, f"screen: {arm} vs the cap, seeds 0-4", family=False),
@@ -208,7 +209,8 @@ def _screen(i: int, arm: str) -> tuple[Contrast, Contrast, Fisher, Hypothesis, H
     )
 
 
-_P2 = [_screen(i + 1, arm) for i, arm in enumerate(SCREENED)]
+_P2 = [_screen(i + 1, arm, (("clip_active", arm, None, FIVE),) if "ppo2" in arm else ())
+       for i, arm in enumerate(SCREENED)]  # fmt: skip
 PHASE2 = Plan(
     name="v2-phase2",
     arms={CAP: TEN, **{arm: FIVE for arm in SCREENED}},
@@ -219,4 +221,20 @@ PHASE2 = Plan(
     adopted={CAP: f"v2-phase1/{TR25}"},
 )
 
-PLANS: dict[str, Plan] = {p.name: p for p in (PHASE1, PHASE2)}
+# Phase 2b (addendum 2026-11-30 (e), written after phase 2's screen was read): phase 2's screen and confirmation rules,
+# unchanged, for the four field stabilizers with their terms engaged by a second pass over each rollout batch (at one
+# pass DPPO-TV, CISPO and KL-Cov compute plain GRPO's gradient); a method passes only if its term acted in all 5 runs.
+# Its own Holm family (at most 8 tests); the cap's runs adopted from phase 1, as in phase 2.
+SCREENED_2B = tuple(f"{m}_ppo2_lr2.5e-4" for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov"))
+_P2B = [_screen(i + 1, arm, (("term_active", arm, None, FIVE),)) for i, arm in enumerate(SCREENED_2B)]
+PHASE2B = Plan(
+    name="v2-phase2b",
+    arms={CAP: TEN, **{arm: FIVE for arm in SCREENED_2B}},
+    extend={arm: ((f"S{i + 1}", f"{arm} passes the screen"), TEN) for i, arm in enumerate(SCREENED_2B)},
+    contrasts=tuple(x for group in _P2B for x in group[:2]),
+    fishers=tuple(group[2] for group in _P2B),
+    hypotheses=tuple(x for group in _P2B for x in group[3:]),
+    adopted={CAP: f"v2-phase1/{TR25}"},
+)
+
+PLANS: dict[str, Plan] = {p.name: p for p in (PHASE1, PHASE2, PHASE2B)}

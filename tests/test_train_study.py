@@ -419,6 +419,7 @@ def test_research_arms_run_as_the_trainer_would_and_stay_out_of_the_default(tmp_
     want |= {a: dataclasses.replace(rl.preset("grpo"), beta=0.0) for a in RESEARCH_ARMS if a.startswith("grpo_nokl_")}
     # phase 2's stabilizers: the field's presets as the RL layer defines them (pre-registration section 9.1)
     want |= {f"{m}_lr2.5e-4": rl.preset(m) for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")}
+    want |= {f"{m}_ppo2_lr2.5e-4": rl.preset(m) for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")}  # phase 2b
     want |= {m: rl.preset(m) for m in ("dppo_tv", "dppo_kl", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov")}
     assert got == want
 

@@ -27,6 +27,7 @@ TRAIN_ARMS = {
     "grpo_nokl_wu20_lr1.5e-4": {"lr": 1.5e-4, "warmup_steps": 20},
     "grpo_nokl_ppo2_lr2.5e-4": {"lr": 2.5e-4, "ppo_epochs": 2},
     **{f"{m}_lr2.5e-4": {"lr": 2.5e-4} for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")},  # phase 2
+    **{f"{m}_ppo2_lr2.5e-4": {"lr": 2.5e-4, "ppo_epochs": 2} for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov")},
 }
 
 

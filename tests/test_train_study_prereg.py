@@ -17,7 +17,7 @@ from test_train_study_stats import write_run
 from study import stats
 from study.collapse import classify
 from study.decide import evaluate
-from study.prereg import PHASE1, PHASE2, PLANS, Contrast, Fisher, Hypothesis, Plan, Rule
+from study.prereg import PHASE1, PHASE2, PHASE2B, PLANS, Contrast, Fisher, Hypothesis, Plan, Rule
 from study.stability import CollapseRules
 
 RULES = CollapseRules(window=3)
@@ -54,8 +54,8 @@ def test_transient_and_persistent_collapse():
 # ------------------------------------------------------------------------------------------------------ decisions
 
 
-def run(after: float, persistent: bool = False, clip: bool = False) -> dict:
-    return {"after": after, "persistent": persistent, "transient": False, "clip_active": clip}
+def run(after: float, persistent: bool = False, clip: bool = False, term: bool = False) -> dict:
+    return {"after": after, "persistent": persistent, "transient": False, "clip_active": clip, "term_active": term}
 
 
 SMALL = Plan(
@@ -213,11 +213,40 @@ def test_the_ppo_arm_must_have_clipped_to_pass():
     assert "ratio clip fired in 4 of 5 runs" in s1["rules"][0]["conditions"][2]["text"]
 
 
+def test_phase2b_screens_need_the_term_to_have_acted_not_the_ppo_clip():
+    """Phase 2b's arms have "ppo2" in their names but a field preset's term: the screen reads policy_term_frac
+    (term_active), never PPO's clip_frac (which for these presets is PPO's band, not what the term did)."""
+    cap, m = "grpo_nokl_tr_lr2.5e-4", "cispo_ppo2_lr2.5e-4"
+    data = {cap: {s: run(0.5) for s in range(10)}, m: {s: run(0.5, term=s != 2) for s in range(5)}}
+    s2 = {h["key"]: h for h in evaluate(PHASE2B, data)["hypotheses"]}["S2"]
+    texts = [c["text"] for c in s2["rules"][0]["conditions"]]
+    assert s2["decision"] is None and "the policy term acted in 4 of 5 runs of cispo_ppo2_lr2.5e-4" in texts
+    assert not any("ratio clip" in t for t in texts)
+    data[m] = {s: run(0.5, term=True) for s in range(5)}
+    s2 = {h["key"]: h for h in evaluate(PHASE2B, data)["hypotheses"]}["S2"]
+    assert s2["decision"] == f"{m} passes the screen"
+    # phase 2's PPO arm still reads the clip, its field arms no activity condition at all (unchanged)
+    assert {c[0] for h in PHASE2.hypotheses for r in h.rules for c in r.when} >= {"clip_active"}
+    assert "term_active" not in {c[0] for h in PHASE2.hypotheses for r in h.rules for c in r.when}
+
+
+def test_run_facts_read_whether_the_policy_term_acted(tmp_path):
+    from study.decide import run_facts
+
+    for name, frac, want in (("on", {3: 0.02}, True), ("off", {}, False), ("ppo", None, False)):
+        d = write_run(tmp_path, name, 0, [False, True], [True, True])
+        recs = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        if frac is not None:  # a field preset's run: the key in every step record
+            recs = [r if "event" in r else r | {"policy_term_frac": frac.get(r["step"], 0.0)} for r in recs]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        assert run_facts(d)["term_active"] is want, name
+
+
 def test_phase1_plan_is_consistent():
-    assert set(PLANS) == {"v2-phase1", "v2-phase2"}
+    assert set(PLANS) == {"v2-phase1", "v2-phase2", "v2-phase2b"}
     from study.grid import RESEARCH_ARMS
 
-    for plan in (PHASE1, PHASE2):
+    for plan in (PHASE1, PHASE2, PHASE2B):
         keys = {c.key for c in plan.contrasts} | {h.key for h in plan.hypotheses}
         for c in plan.contrasts:
             assert all(a in plan.arms for a, _ in c.weights)
@@ -229,6 +258,10 @@ def test_phase1_plan_is_consistent():
                     assert cond[1] in keys or cond[1] in plan.arms, cond
     assert all(a in RESEARCH_ARMS for a in PHASE1.arms)
     assert PHASE2.arms["grpo_nokl_ppo2_lr2.5e-4"] == tuple(range(5)) and "grpo_nokl_ppo2_lr2.5e-4" in RESEARCH_ARMS
+    assert all(a in RESEARCH_ARMS for a in PHASE2B.arms)
+    for m in ("dppo_tv", "cispo", "clip_cov", "kl_cov"):  # --preset M --lr 2.5e-4 --ppo-epochs 2, nothing else
+        arm = RESEARCH_ARMS[f"{m}_ppo2_lr2.5e-4"]
+        assert (arm.preset, arm.loss, arm.train) == (m, "", {"lr": "2.5e-4", "ppo_epochs": "2"})
 
 
 # ------------------------------------------------------------------------------------------------------ report
