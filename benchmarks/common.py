@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -51,6 +53,39 @@ def scratch_dir() -> Path:
     """Where results go without --publish: runs/bench/ in the repository (git-ignored), or in the current directory
     when installed (never inside site-packages)."""
     return (Path.cwd() if installed() else Path(__file__).resolve().parents[1]) / "runs" / "bench"
+
+
+def out_error(flag: str, out: str | Path, kind: str = "file") -> str | None:
+    """Why a script could not write its output `out` (None when it can), for `ap.error` before any measuring: `kind`
+    "file" (a file, its folders made), "dir" (a folder, made) or "stem" (a name that gets suffixes: out.csv,
+    out.md). The path's nearest existing ancestor must be a writable folder; no empty path, no file where a folder
+    goes, no folder where a file goes."""
+    if str(out) == "":
+        return f"{flag}: an empty path; expected a {'folder' if kind == 'dir' else 'file'} to write"
+    path = Path(out)
+    if kind == "dir" and path.exists() and not path.is_dir():
+        return f"{flag} {out}: exists and is not a folder"
+    if kind != "dir" and path.is_dir():
+        return f"{flag} {out}: is a folder; expected a file{' name (suffixes are added)' if kind == 'stem' else ''}"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{flag} {out}: not writable"
+    up = path if kind == "dir" else path.parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        return f"{flag} {out}: {up} is a file, not a folder"
+    try:  # (os.access says yes to root everywhere, /proc included: a real file says what the filesystem allows)
+        with tempfile.TemporaryFile(dir=up):
+            pass
+    except OSError as exc:
+        return f"{flag} {out}: {up} is not a writable folder ({exc.strerror or exc})"
+    return None
+
+
+def check_out(ap: argparse.ArgumentParser, flag: str, out: str | Path | None, kind: str = "file") -> None:
+    """`ap.error` (exit 2) when `out` cannot be written (:func:`out_error`); nothing when `out` is None."""
+    if out is not None and (err := out_error(flag, out, kind)):
+        ap.error(err)
 
 
 def trainer_module() -> str:
