@@ -3,9 +3,9 @@ benchmarks are the package `sgrpo_bench` and the trainer is `sgrpo_train`). From
 is the same thing.
 
 The scripts import each other as `benchmarks.common` and the trainer as `train.*` (their names in the repository).
-Installed, this command makes those two names point at the installed packages for its own process only (an entry in
-`sys.modules`), so nothing named `benchmarks` or `train` is installed and no other process sees them. Results go where
-each script writes them (`--out`, or the scratch default the script's `--help` names)."""
+Installed, this command makes those names (and `study`) point at the installed packages for its own process only (an
+entry in `sys.modules`), so nothing named `benchmarks` or `train` is installed and no other process sees them. Results
+go where each script writes them (`--out`, or the scratch default the script's `--help` names)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ SCRIPTS = {
     "profile": ("profile_gpu", "a torch.profiler trace of the CUDA ops"),
     "memory": ("memory_on_paper", "model-state bytes with and without a reference model, 135M / 1.5B / 7B"),
     "task": ("study_task", "a study regime's task: held-out set, base accuracy, completion length and entropy"),
+    "truncated": ("bench_truncated", "the truncated-support log-probs (top_k / top_p / min_p) on CPU"),
+    "sampler-bias": ("bench_sampler_bias", "vLLM's sampler against the trainer's truncated log-probs (needs vllm)"),
 }
 
 
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = "train" if package == "benchmarks" else "sgrpo_train"
     _alias("benchmarks", package)
     _alias("train", trainer)
+    _alias("study", "study" if package == "benchmarks" else "sgrpo_study")  # (study_task reads the study's regimes)
     module = importlib.import_module(f"benchmarks.{SCRIPTS[argv[0]][0]}")
     result = module.main(argv[1:])
     return result if isinstance(result, int) else 0

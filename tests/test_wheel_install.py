@@ -6,6 +6,7 @@ checkout by the CI stage .ci/stage_wheel.sh (minutes: not part of this file)."""
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,34 @@ def test_sgrpo_bench_dispatcher(capsys):
     assert "unknown script 'nope'" in capsys.readouterr().err
     for module, _ in SCRIPTS.values():
         assert (ROOT / "benchmarks" / f"{module}.py").is_file()
+
+
+def test_every_sgrpo_bench_script_starts_from_the_installed_layout(tmp_path):
+    """The wheel's names (sgrpo_bench, sgrpo_train, sgrpo_study: symlinks to the repository's folders) on a path of
+    their own, run from another folder: each script's --help starts. `sgrpo-bench task --help` failed with
+    ModuleNotFoundError: No module named 'study' (the dispatcher aliased benchmarks and train, not study)."""
+    import subprocess
+    import sys
+
+    from benchmarks.cli import SCRIPTS
+
+    site = tmp_path / "site"
+    site.mkdir()
+    for installed_name, repo_name in (*INSTALLED_AS.items(), ("sgrpo_kernels", "sgrpo_kernels"),
+                                      ("sgrpo_sandbox", "sgrpo_sandbox")):  # fmt: skip
+        (site / installed_name).symlink_to(ROOT / repo_name, target_is_directory=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    # one process for all of them (each script's --help exits 0 through SystemExit), to import torch once
+    code = (
+        "import sys\nfrom sgrpo_bench.cli import main\nfor s in sys.argv[1:]:\n    try:\n"
+        "        main([s, '--help'])\n    except SystemExit as e:\n        assert e.code in (0, None), (s, e.code)\n"
+        "    print('started', s)"
+    )
+    res = subprocess.run([sys.executable, "-c", code, *SCRIPTS], cwd=elsewhere, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-1500:]
+    started = [line for line in res.stdout.splitlines() if line.startswith("started ")]
+    assert started == [f"started {s}" for s in SCRIPTS]
+    assert list(elsewhere.iterdir()) == []  # --help writes nothing
