@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import check_out
+
 
 def entropy_profile(model, tok, batch, temperature: float) -> dict:
     """Per-token entropy of the sampled completions under `model` (fused op on the final hidden states)."""
@@ -48,6 +50,26 @@ def entropy_profile(model, tok, batch, temperature: float) -> dict:
     }
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers >= 0, e.g. 0,1,2") from None
+    if any(x < 0 for x in seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds must be >= 0")
+    return seeds
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     from study.grid import REGIMES
     from train.config.cli import parse_args
@@ -56,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     from train.tasks import make_task
     from train.tasks.registry import TASK_OPTIONS
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.study_task", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--regime", default="decisive", choices=sorted(REGIMES))
-    p.add_argument("--seeds", default="0,1,2,3,4")
-    p.add_argument("--prompts", type=int, default=8, help="training prompts sampled for the entropy profile")
+    p.add_argument("--seeds", default="0,1,2,3,4", type=_seeds, help="comma-separated seeds, each an integer >= 0")
+    p.add_argument("--prompts", type=_positive, default=8, help="training prompts sampled for the entropy profile")
     p.add_argument(
         "--before-from",
         type=Path,
@@ -69,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    for d in args.before_from:  # before the model loads: a run folder with the files read below
+        missing = [f for f in ("metrics.jsonl", "config.json") if not (d / f).is_file()]
+        if missing:
+            p.error(f"--before-from {d}: not a run folder (no {' or '.join(missing)})")
+    check_out(p, "--out", args.out)
     overrides = REGIMES[args.regime]
     cfg, _ = parse_args([a for k, v in overrides.items() if k != "use_vllm" for a in (f"--{k}", v)])
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
@@ -87,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         first = next(r for r in records if r.get("event") == "eval")
         seed = json.loads((d / "config.json").read_text())["train"]["seed"]
         befores[seed] = f"{first['eval_acc']:.3f} +- {first['eval_acc_se']:.3f} (n={first['eval_n']})"
-    for seed in (int(x) for x in args.seeds.split(",")):
+    for seed in args.seeds:
         n = len({q.question for q in task.heldout(cfg.eval_problems, seed)})
         lines.append(f"| {seed} | {n} of {cfg.eval_problems} | {befores.get(seed, 'not measured')} |")
     torch.manual_seed(0)

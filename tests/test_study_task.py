@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import statistics
 
+import pytest
 import torch
 
 from benchmarks.study_task import entropy_profile
@@ -52,3 +53,28 @@ def test_entropy_profile_matches_float64_full_logits():
     assert abs(got["entropy_mean"] - statistics.mean(float(r.mean()) for r in rows)) < 1e-9
     assert abs(got["within_sd"] - statistics.mean(float(r.std()) for r in rows if r.numel() > 1)) < 1e-9
     assert abs(got["between_sd"] - statistics.stdev(float(r.mean()) for r in rows)) < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--seeds", "0,x"], "--seeds: '0,x': expected comma-separated integers >= 0"),
+        (["--seeds", "-1"], "seeds must be >= 0"),
+        (["--prompts", "0"], "--prompts: '0': expected an integer >= 1"),
+        (["--before-from", "NOPE"], "not a run folder (no metrics.jsonl or config.json)"),
+        (["--out", "ADIR"], "--out ADIR: is a folder; expected a file"),
+    ],
+)
+def test_bad_arguments_are_refused_before_the_model_loads(argv, words, tmp_path, monkeypatch, capsys):
+    """Each was a traceback (ValueError, FileNotFoundError after the model load, IsADirectoryError at the end)."""
+    import train.model
+    from benchmarks import study_task
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ADIR").mkdir()
+    monkeypatch.setattr(train.model, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit) as exc:
+        study_task.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and err.startswith("usage: python -m benchmarks.study_task"), err
