@@ -31,7 +31,8 @@ A row is written only when the provider's logp (and, fwd+bwd, grad_hidden) on a 
 of the same-dtype naive computation of float64 (CONVENTIONS.md); otherwise the provider is reported as failing.
 Also measures the bf16 matmul rate of the GPU (8192^3 torch.matmul) as a `cublas_matmul` row.
 
-Writes benchmarks/results/gpu.csv, gpu.md and gpu.png (or --out PREFIX).
+Writes benchmarks/results/gpu.csv, gpu.md and gpu.png (or --out PREFIX). A `--device cpu` smoke test writes to the
+scratch folder runs/bench/ (gpu_smoke.*) unless --out is given: it never replaces the GPU results by default.
 """
 
 from __future__ import annotations
@@ -44,15 +45,18 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.bench_cpu import _non_negative, _positive
 from benchmarks.common import (
     IGNORE,
     RESULTS,
+    check_out,
     git_sha,
     lm_head_inputs,
     make_call,
     markdown_table,
     parse_shape,
     quantiles,
+    scratch_dir,
     versions,
     write_csv,
 )
@@ -344,9 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--providers", default=",".join(PROVIDERS))
     ap.add_argument("--modes", default="fwd,fwd+bwd,fwd+bwd@0.5", help="fwd, fwd+bwd, fwd+bwd@FRAC (zero-grad rows)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--out", default=str(RESULTS / "gpu"), help="output prefix (.csv, .md, .png are appended)")
+    ap.add_argument("--repeats", type=_positive, default=20, help="timed calls per provider, at least 1")
+    ap.add_argument("--warmup", type=_non_negative, default=5, help="untimed calls before them")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="output prefix (.csv, .md, .png are appended) [default: benchmarks/results/gpu; with --device cpu, "
+        "the scratch runs/bench/gpu_smoke]",
+    )
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: a smoke test of the script itself at tiny shapes (with TRITON_INTERPRET=1 for triton); "
                          "its times mean nothing")
@@ -358,6 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not wanted:
         ap.error(f"--providers: unknown {', '.join(unknown) or '(none given)'}; "
                  f"expected a comma-separated subset of {', '.join(PROVIDERS)}")
+    # a CPU smoke test never lands on the committed GPU results unless --out says so
+    if args.out is not None:
+        out_arg = args.out
+    else:
+        out_arg = str(RESULTS / "gpu" if args.device == "cuda" else scratch_dir() / "gpu_smoke")
+    check_out(ap, "--out", out_arg, "stem")
+    for suffix in (".csv", ".md", ".png"):
+        check_out(ap, "--out", Path(out_arg).with_suffix(suffix), "file")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device here, nothing measured (python -m benchmarks.bench_cpu covers CPUs).",
@@ -430,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("nothing measured", file=sys.stderr)
         return 1
-    out = Path(args.out)
+    out = Path(out_arg)
     write_csv(out.with_suffix(".csv"), [{c: r[c] for c in COLUMNS} for r in rows])
     md = [f"# GPU benchmark: {dev_name}", "", f"{vers}; git {sha}", ""] + targets_report(rows) + [
           markdown_table(rows, [c for c in COLUMNS if c not in ("device", "versions", "git_sha")]), ""]

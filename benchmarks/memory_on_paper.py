@@ -8,7 +8,7 @@ and with mixed precision an fp32 master copy (4): 12-16 bytes a parameter. Dropp
 policy 2 + reference 2). Activations, the KV cache, rollout buffers and the framework's runtime are not counted (they
 depend on batch and sequence length, and only dilute the reference's share further).
 
-    python -m benchmarks.memory_on_paper            # writes benchmarks/results/memory_on_paper.md
+    python -m benchmarks.memory_on_paper            # writes benchmarks/results/memory_on_paper.md (or --out FILE)
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.common import check_out
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "python -m benchmarks.memory_on_paper"
@@ -118,11 +120,13 @@ def report() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=RESULTS / "memory_on_paper.md", help="markdown file to write")
+    ap.add_argument("--out", default=None, help="markdown file [default: benchmarks/results/memory_on_paper.md]")
     args = ap.parse_args(argv)
+    out = args.out if args.out is not None else str(RESULTS / "memory_on_paper.md")
+    check_out(ap, "--out", out, "file")  # before the report, not a traceback after it
     text = report()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
     print(text, end="")
     return 0
 

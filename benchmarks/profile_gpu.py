@@ -6,21 +6,35 @@
 Runs --warmup calls, then profiles --repeats calls of forward + backward (or forward only with --mode fwd) and prints
 a table of device kernels: calls, total and mean time, share of the profiled time, and for the kernels whose work is
 a known product (the linear forward, the backward's dZ / grad_h / grad_W kernels) their TFLOP/s, counting active rows
-only for the backward. Writes the table to --out (markdown) as well.
+only for the backward. Writes the table to --out (markdown) as well: benchmarks/results/profile_gpu.md by default.
 
 On CPU (`--device cpu`, with TRITON_INTERPRET=1 for triton) the same table is built from CPU operator self-times: a
-smoke test of the script, not a measurement.
+smoke test of the script, not a measurement; its table goes to the scratch folder (runs/bench/profile_gpu_smoke.md)
+unless --out is given, never into benchmarks/results/ by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import IGNORE, RESULTS, git_sha, lm_head_inputs, make_call, markdown_table, parse_shape, versions
+from benchmarks.bench_cpu import _non_negative, _positive
+from benchmarks.common import (
+    IGNORE,
+    RESULTS,
+    check_out,
+    git_sha,
+    lm_head_inputs,
+    make_call,
+    markdown_table,
+    parse_shape,
+    scratch_dir,
+    versions,
+)
 
 # kernel-name fragment -> FLOPs per call as a function of (M_active, D, V); fwd counts all rows
 _FLOPS = {
@@ -68,18 +82,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="triton", choices=["triton", "torch"])
     ap.add_argument("--mode", default="fwd+bwd", choices=["fwd", "fwd+bwd"])
     ap.add_argument("--zero-frac", type=float, default=0.0, help="fraction of rows with zero upstream gradients")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=3, help="calls before profiling (autotuning happens here)")
+    ap.add_argument("--repeats", type=_positive, default=5, help="profiled calls, at least 1")
+    ap.add_argument("--warmup", type=_non_negative, default=3, help="calls before profiling (autotuning happens here)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke test of the script")
-    ap.add_argument("--out", default=str(RESULTS / "profile_gpu.md"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="markdown file to write [default: benchmarks/results/profile_gpu.md; with --device cpu, the scratch "
+        "runs/bench/profile_gpu_smoke.md]",
+    )
     args = ap.parse_args(argv)
     M, D, V = parse_shape(ap, "--shape", args.shape)
     if not 0.0 <= args.zero_frac < 1.0:
         ap.error(f"--zero-frac: {args.zero_frac} is not in [0, 1)")
-    if args.repeats < 1 or args.warmup < 0:
-        ap.error("--repeats must be >= 1 and --warmup >= 0")
     if args.mode == "fwd" and args.zero_frac:
         ap.error("--zero-frac only applies to --mode fwd+bwd")
+    # a CPU smoke test never lands on the committed GPU results unless --out says so
+    if args.out is not None:
+        out = args.out
+    else:
+        out = str(RESULTS / "profile_gpu.md" if args.device == "cuda" else scratch_dir() / "profile_gpu_smoke.md")
+    check_out(ap, "--out", out, "file")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("profile_gpu: no CUDA device here, nothing profiled.", file=sys.stderr)
@@ -113,14 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     dev_name = torch.cuda.get_device_name(device) if cuda else "cpu (smoke test: operator self-times)"
     head = (f"# Kernel time breakdown: {args.backend}, {args.mode}, M={M} D={D} V={V} {args.dtype}, "
             f"zero_grad_frac={args.zero_frac} ({m_active} active rows)")
-    md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "",
-          f"`python -m benchmarks.profile_gpu --shape {M}x{D}x{V} --dtype {args.dtype} --backend {args.backend} "
-          f"--mode {args.mode} --zero-frac {args.zero_frac} --repeats {args.repeats}`", "",
+    command = ["python", "-m", "benchmarks.profile_gpu", "--shape", f"{M}x{D}x{V}", "--dtype", args.dtype]
+    command += ["--backend", args.backend, "--mode", args.mode, "--zero-frac", str(args.zero_frac)]
+    command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)] + ([] if cuda else ["--device", "cpu"])
+    md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "", f"`{shlex.join(command)}`", "",
           markdown_table(rows, ["kernel", "calls", "ms_per_call", "share", "tflops"]), ""]
     text = "\n".join(md)
     print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(text)
     return 0
 
 

@@ -172,3 +172,73 @@ def test_targets_report_absolute_bars_only_at_the_issue_shape():
     text = "\n".join(bench_gpu.targets_report(rows))
     assert "TFLOP/s" not in text and "0.500x | <= 0.65x | yes" in text
     assert bench_gpu.targets_report([_row("reference", "fwd", 0.0, 1.0, 1.0, 1.0)]) == []
+
+
+# ------------------------------------------------------------------------------- user input, checked before any work
+
+TINY = ["--device", "cpu", "--shapes", "4x8x16", "--dtype", "float32", "--providers", "reference", "--modes", "fwd",
+        "--repeats", "1", "--warmup", "0"]  # fmt: skip
+
+
+def _no_measuring(monkeypatch):
+    """Fail the test if the script gets as far as building inputs (it must refuse first)."""
+
+    def refuse(*args, **kwargs):
+        pytest.fail("bench_gpu measured before refusing its arguments")
+
+    monkeypatch.setattr(bench_gpu, "lm_head_inputs", refuse)
+
+
+def test_a_cpu_smoke_run_without_out_writes_to_scratch_not_results(tmp_path, monkeypatch):
+    """Before: `--device cpu` without --out overwrote the committed benchmarks/results/gpu.{csv,md,png}."""
+    results, scratch = tmp_path / "results", tmp_path / "scratch"
+    monkeypatch.setattr(bench_gpu, "RESULTS", results)  # (a failing run cannot reach the repository's results)
+    monkeypatch.setattr(bench_gpu, "scratch_dir", lambda: scratch, raising=False)
+    assert bench_gpu.main(TINY) == 0
+    assert not results.exists(), sorted(p.name for p in results.iterdir())
+    assert (scratch / "gpu_smoke.csv").exists() and (scratch / "gpu_smoke.md").exists()
+
+
+def test_the_cuda_default_out_is_still_the_results_folder(tmp_path, monkeypatch, capsys):
+    """gpu_session.sh passes --out; a plain CUDA run still writes benchmarks/results/gpu.*, checked up front."""
+    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path)
+    (tmp_path / "gpu.md").mkdir()
+    _no_measuring(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main(["--providers", "reference"])
+    assert exc.value.code == 2
+    assert f"--out {tmp_path / 'gpu.md'}: is a folder; expected a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where, words", [
+    ("adir", "is a folder; expected a file name (suffixes are added)"),
+    ("clash", "clash.csv: is a folder; expected a file"),  # the prefix is free, one of its files is not
+    ("/proc/nope", "/proc is not a writable folder"),
+])  # fmt: skip
+def test_an_unwritable_out_is_refused_before_measuring(where, words, tmp_path, monkeypatch, capsys):
+    """Before: the measuring ran to the end, then IsADirectoryError / FileNotFoundError lost it."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "clash.csv").mkdir()
+    _no_measuring(monkeypatch)
+    out = where if where.startswith("/") else str(tmp_path / where)
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main([*TINY, "--out", out])
+    assert exc.value.code == 2
+    assert f"--out {out}" in (err := capsys.readouterr().err) and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "clash.csv"]
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--repeats", "0", "argument --repeats: '0': expected an integer >= 1"),
+    ("--repeats", "-3", "argument --repeats: '-3': expected an integer >= 1"),
+    ("--warmup", "-1", "argument --warmup: '-1': expected an integer >= 0"),
+])  # fmt: skip
+def test_repeats_and_warmup_are_refused_at_parse_time(flag, value, words, tmp_path, monkeypatch, capsys):
+    """Before: --repeats 0 ran every provider, then statistics.StatisticsError; --warmup -1 was taken as 0."""
+    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path / "results")
+    _no_measuring(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main([*TINY, flag, value, "--out", str(tmp_path / "gpu")])
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

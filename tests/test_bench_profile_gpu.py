@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from types import SimpleNamespace
 
 import pytest
@@ -45,9 +46,60 @@ def test_cpu_smoke_run_writes_the_table(tmp_path):
     (["--shape", "8x8"], "--shape: '8x8' is not MxDxV"),
     (["--zero-frac", "1.0"], "--zero-frac: 1.0 is not in [0, 1)"),
     (["--mode", "fwd", "--zero-frac", "0.5"], "--zero-frac only applies"),
+    (["--repeats", "0"], "argument --repeats: '0': expected an integer >= 1"),
+    (["--warmup", "-1"], "argument --warmup: '-1': expected an integer >= 0"),
 ])
 def test_bad_arguments_name_the_flag(args, needle, capsys):
     with pytest.raises(SystemExit) as exc:
         profile_gpu.main(args)
     assert exc.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- user input, checked before any work
+
+TINY = ["--device", "cpu", "--backend", "torch", "--shape", "4x8x16", "--dtype", "float32", "--mode", "fwd",
+        "--repeats", "1", "--warmup", "0"]  # fmt: skip
+
+
+def test_a_cpu_smoke_run_without_out_writes_to_scratch_not_results(tmp_path, monkeypatch):
+    """Before: `--device cpu` without --out overwrote benchmarks/results/profile_gpu.md."""
+    results, scratch = tmp_path / "results", tmp_path / "scratch"
+    monkeypatch.setattr(profile_gpu, "RESULTS", results)  # (a failing run cannot reach the repository's results)
+    monkeypatch.setattr(profile_gpu, "scratch_dir", lambda: scratch, raising=False)
+    assert profile_gpu.main(TINY) == 0
+    assert not results.exists(), sorted(p.name for p in results.iterdir())
+    assert "M=4 D=8 V=16" in (scratch / "profile_gpu_smoke.md").read_text()
+
+
+@pytest.mark.parametrize("where, words", [
+    ("adir", "is a folder; expected a file"),
+    ("afile/p.md", "afile is a file, not a folder"),
+    ("/proc/nope.md", "/proc is not a writable folder"),
+    ("", "--out: an empty path; expected a file to write"),
+])  # fmt: skip
+def test_an_unwritable_out_is_refused_before_profiling(where, words, tmp_path, monkeypatch, capsys):
+    """Before: the profile ran to the end, then IsADirectoryError / FileNotFoundError lost it."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+
+    def refuse(*args, **kwargs):
+        pytest.fail("profile_gpu profiled before refusing its --out")
+
+    monkeypatch.setattr(profile_gpu, "lm_head_inputs", refuse)
+    out = where if where.startswith("/") or not where else str(tmp_path / where)
+    with pytest.raises(SystemExit) as exc:
+        profile_gpu.main([*TINY, "--out", out])
+    assert exc.value.code == 2
+    assert words in (err := capsys.readouterr().err) and f"--out {out}".strip() in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"] and (tmp_path / "afile").read_text() == "x"
+
+
+def test_the_recorded_command_reruns_the_same_profile(tmp_path):
+    """The table's command line parses back to the run's own arguments, --warmup and --device included."""
+    out = tmp_path / "p.md"
+    assert profile_gpu.main([*TINY, "--out", str(out)]) == 0
+    line = next(x for x in out.read_text().splitlines() if x.startswith("`python -m benchmarks.profile_gpu "))
+    argv = shlex.split(line.strip("`"))[3:]
+    assert argv == ["--shape", "4x8x16", "--dtype", "float32", "--backend", "torch", "--mode", "fwd",
+                    "--zero-frac", "0.0", "--repeats", "1", "--warmup", "0", "--device", "cpu"]  # fmt: skip
