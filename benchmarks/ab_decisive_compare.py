@@ -7,6 +7,7 @@ Exits 1 when a record differs (each difference printed)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -37,8 +38,32 @@ def busy(r: dict) -> float:
     return r["step_s"] - r["gen_s"] - r.get("sync_s", 0.0)
 
 
-def main(argv: list[str]) -> int:
-    out, arm, rounds = Path(argv[0]), argv[1], int(argv[2])
+def _rounds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_decisive_compare", description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path, help="the folder ab_decisive_step.sh wrote its runs into")
+    ap.add_argument("arm", help="the arm it ran (its run folders are ARM-old-rN and ARM-new-rN)")
+    ap.add_argument("rounds", type=_rounds, help="how many rounds it ran")
+    args = ap.parse_args(argv)
+    missing = [f"{args.arm}-{side}-r{r}" for r in range(1, args.rounds + 1) for side in ("old", "new")
+               if not (args.out / f"{args.arm}-{side}-r{r}" / "metrics.jsonl").is_file()]  # fmt: skip
+    if missing:
+        ap.error(f"{args.out}: no metrics.jsonl in {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    out, arm, rounds = args.out, args.arm, args.rounds
     ratios, rest, bad = [], [], 0
     for r in range(1, rounds + 1):
         old, new = (records(out / f"{arm}-{side}-r{r}") for side in ("old", "new"))
@@ -52,6 +77,9 @@ def main(argv: list[str]) -> int:
             print(f"round {r} step {a['step']}: old {a['step_s']:.2f} s, new {b['step_s']:.2f} s, old/new "
                   f"{ratios[-1]:.3f} (without rollout and sync {rest[-1]:.3f})")  # fmt: skip
     print(f"records: {'all equal' if not bad else f'{bad} differ'} (timings and {sorted(ADDED)} left out)")
+    if not ratios:
+        print("no step after the first in these runs: no step-time ratio to report", file=sys.stderr)
+        return 1
     print(f"{len(ratios)} paired steps: step_s old/new median {statistics.median(ratios):.3f}, geometric mean "
           f"{statistics.geometric_mean(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}; without rollout "
           f"and sync: median {statistics.median(rest):.3f}, geometric mean {statistics.geometric_mean(rest):.3f}")
@@ -59,4 +87,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
