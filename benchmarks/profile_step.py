@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -280,6 +281,28 @@ def _quote(a: str) -> str:
     return repr(a) if (" " in a or not a) else a
 
 
+def _check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Names, counts and --out refused up front (an unknown regime or arm was a KeyError in the child process, after
+    a run folder was made)."""
+    try:
+        from train.study.grid import ARMS, REGIMES, RESEARCH_ARMS
+    except ImportError:
+        from study.grid import ARMS, REGIMES, RESEARCH_ARMS
+    if args.regime not in REGIMES:
+        ap.error(f"--regime {args.regime!r}: expected one of {', '.join(sorted(REGIMES))}")
+    for arm in [args.arm] if args.arm else args.arms.split(","):
+        if arm not in ARMS and arm not in RESEARCH_ARMS:
+            ap.error(f"--arms: unknown arm {arm!r}; `python -m study --help` lists the arms")
+    for flag, value, low in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0), ("--threads", args.threads, 1),
+                             ("--eval-problems", args.eval_problems, 1)):  # fmt: skip
+        if value < low:
+            ap.error(f"{flag} {value}: expected an integer >= {low}")
+    if not args.report and not args.finish_raw:
+        from benchmarks.common import check_out
+
+        check_out(ap, "--out", args.out, "dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.profile_step", description=__doc__.split("\n\n")[0])
     ap.add_argument("--regime", default="decisive", help="the study's regime (train/study/grid.py REGIMES) or default")
@@ -299,8 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finish-raw", type=Path, default=None, help="rebuild a run's JSON from its raw_*.pyjson record")
     ap.add_argument("--peak-rss-mb", type=float, default=None, help=argparse.SUPPRESS)  # for a raw record without it
     args = ap.parse_args(argv)
+    _check_args(ap, args)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m benchmarks.profile_step " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.profile_step " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.report:
         print(report(args.out, args.publish, command))
         return 0

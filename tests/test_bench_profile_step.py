@@ -112,3 +112,30 @@ def test_tiny_profile_attributes_every_pass(unwrapped, monkeypatch, tmp_path):
     assert len(heads) == 3
     assert [r for r, v in heads.items() if v["duplicate_of"]] == []
     assert [r["rollout_logp_diff"] is not None for r in recs if "step_s" in r and r.get("event") is None] == [True] * 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--regime", "bogus"], "--regime 'bogus': expected one of"),
+        (["--arms", "grpo_nokl,nope"], "--arms: unknown arm 'nope'"),
+        (["--steps", "0"], "--steps 0: expected an integer >= 1"),
+        (["--warmup", "-1"], "--warmup -1: expected an integer >= 0"),
+        (["--threads", "0"], "--threads 0: expected an integer >= 1"),
+        (["--out", "AFILE"], "--out AFILE: exists and is not a folder"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_run(argv, words, tmp_path, monkeypatch, capsys):
+    """An unknown regime or arm was a KeyError in the child process, after --out and a temporary run folder were
+    made; a file as --out a FileExistsError."""
+    import subprocess
+
+    from benchmarks import profile_step
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "AFILE").write_text("x")
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("a profiled run started"))
+    with pytest.raises(SystemExit) as exc:
+        profile_step.main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["AFILE"]  # nothing made
