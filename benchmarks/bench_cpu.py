@@ -28,10 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, spawn_worker, versions, write_tables
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    git_sha,
+    quantiles,
+    spawn_worker,
+    versions,
+    write_tables,
+)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository root: workers run `-m benchmarks.bench_cpu` from here
 SCRATCH = "runs/bench/cpu"  # the default output stem, relative to the repository root (runs/ is git-ignored)
@@ -149,7 +159,7 @@ def _worker_mem(provider: str, D: int, V: int, N: int, mode: str) -> dict:
         check["gh_norm"] = float(out[2].double().norm())
         check["gw_norm"] = float(out[3].double().norm())
     return {"peak_extra_mb": max(0, peak - base - grad_bytes) / 2**20, "check": check,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads()}  # fmt: skip
 
 
 def _worker_time(D: int, V: int, N: int, mode: str, repeats: int, warmup: int) -> dict:
@@ -223,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         kind, *rest = json.loads(argv[1])
         print(json.dumps(_worker_mem(*rest) if kind == "mem" else _worker_time(*rest)))
         return 0
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    # the output path before any measuring (--out as typed: "" is refused as empty, not taken for ".")
+    if args.publish:
+        check_out(ap, "--publish", output_stem(args), "stem")
+    else:
+        check_out(ap, "--out", args.out, "stem")
 
     rows = []
     configs = [(m, n, mode) for m in args.models for n in args.tokens for mode in args.modes]
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in PROVIDERS[1:]:
             if not _agree(mem[p]["check"], mem["reference"]["check"]):
                 raise SystemExit(f"{p} disagrees with the reference at {model} N={N} {mode}: {mem[p]['check']} vs "
-                                 f"{mem['reference']['check']}")
+                                 f"{mem['reference']['check']}")  # fmt: skip
         print("time ...", end=" ", flush=True)
         times = _spawn("time", D, V, N, mode, args.repeats, args.warmup)
         stats = {p: quantiles(times[p]) for p in PROVIDERS}
@@ -249,13 +265,13 @@ def main(argv: list[str] | None = None) -> int:
                 "time_vs_trl": round(med / stats["trl"][0], 3) if "trl" in stats else None,
                 "mem_vs_ref": round(mem[p]["peak_extra_mb"] / max(mem["reference"]["peak_extra_mb"], 1e-9), 4),
                 "versions": versions(), "git_sha": git_sha(),
-            })
+            })  # fmt: skip
 
     cols = ["model", "N", "mode", "provider", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_ref",
-            "mem_vs_ref"] + (["time_vs_trl"] if "trl" in PROVIDERS else [])
+            "mem_vs_ref"] + (["time_vs_trl"] if "trl" in PROVIDERS else [])  # fmt: skip
     header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
               f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
-              f"Command: python -m benchmarks.bench_cpu {' '.join(argv if argv is not None else sys.argv[1:])}\n\n")
+              f"Command: {shlex.join(['python', '-m', 'benchmarks.bench_cpu', *argv])}\n\n")  # fmt: skip
     write_tables(output_stem(args), rows, cols, header)
     return 0
 

@@ -1,7 +1,7 @@
 """The cost of data parallelism on one machine: the bundled trainer as 1 process against `torchrun --nproc_per_node N`
 on the same global batch (prompts x G per step), same total threads. Reports the mean step time (steps after the
-first) and rank 0's peak memory per process; writes runs/bench/ddp.md (or benchmarks/results/ddp_cpu.md with
---publish).
+first) and rank 0's peak memory per process; writes runs/bench/ddp/ddp.md (or benchmarks/results/ddp_cpu.md with
+--publish), beside the two jobs' run folders runs/bench/ddp/np1 and runs/bench/ddp/npN.
 
     python -m benchmarks.bench_ddp --nproc 2 --steps 4
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -18,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, scratch_dir, trainer_module, versions
+from benchmarks.bench_trainers import at_least_1, trainer_value
+from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, scratch_dir, trainer_module, versions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,25 +65,31 @@ def run_job(nproc: int, args: argparse.Namespace, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--eval-problems", type=int, default=8)
-    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="threads shared by the processes")
+    p.add_argument("--nproc", type=at_least_1, default=2, help="processes of the data-parallel job (torchrun)")
+    p.add_argument("--steps", type=at_least_1, default=4)
+    p.add_argument("--model", type=trainer_value("model"), default="smollm2-135m")
+    p.add_argument("--prompts", type=trainer_value("prompts_per_step"), default=4)
+    p.add_argument("--group-size", type=trainer_value("group_size"), default=8)
+    p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=8)
+    p.add_argument("--cores", type=at_least_1, default=os.cpu_count() or 1, help="threads shared by the processes")
     p.add_argument("--publish", action="store_true", help="write benchmarks/results/ddp_cpu.md")
     args = p.parse_args(argv)
+    if args.nproc > args.cores:
+        p.error(f"--nproc {args.nproc} exceeds --cores {args.cores}: the processes share the cores, at least one "
+                f"each (same total threads as the single process)")  # fmt: skip
     if args.prompts % args.nproc:
         p.error(f"--prompts {args.prompts} must be a multiple of --nproc {args.nproc} (whole groups per process)")
     work = scratch_dir() / "ddp"
+    dest = RESULTS / "ddp_cpu.md" if args.publish else work / "ddp.md"
+    check_out(p, "--publish" if args.publish else "the report", dest, "file")  # before any job runs
     rows = [run_job(n, args, work / f"np{n}") for n in (1, args.nproc)]
     one, many = rows
     lines = [
         f"# Data parallel on one CPU machine: 1 process vs {args.nproc} (gloo)",
         "",
-        f"`python -m benchmarks.bench_ddp --nproc {args.nproc} --steps {args.steps} --model {args.model}` at "
+        f"`{shlex.join(['python', '-m', 'benchmarks.bench_ddp', *argv])}` at "
         f"{git_sha()}; {cpu_name()}, {args.cores} cores; {versions()}. Same global batch: {args.prompts} prompts x "
         f"G={args.group_size} per step; the threads split between the processes. Step time: mean over steps 2.."
         f"{args.steps} (rollout, loss, backward, gradient all-reduce, optimizer).",
@@ -99,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"{args.nproc} processes vs 1: step time x{many['step_s_mean'] / one['step_s_mean']:.2f}, "
               f"peak memory per process x{many['peak_mem_mb_rank0'] / one['peak_mem_mb_rank0']:.2f}."]  # fmt: skip
     text = "\n".join(lines) + "\n"
-    dest = RESULTS / "ddp_cpu.md" if args.publish else work / "ddp.md"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(text)
     print(text)

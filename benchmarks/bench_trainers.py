@@ -21,16 +21,28 @@ Time the trainers only on an otherwise idle machine: they share its cores with n
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, cpu_name, git_sha, scratch_dir, script_args, trainer_module, versions
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    git_sha,
+    scratch_dir,
+    script_args,
+    trainer_module,
+    versions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINERS = ("bundled", "trl", "sgrpo", "bundled-vllm-fp32", "bundled-vllm-bf16")
@@ -42,6 +54,62 @@ ENGINE_FLAGS = {
     "bundled-vllm-bf16": ["--use-vllm", "on", "--vllm-dtype", "bfloat16"],
 }
 SCRATCH = scratch_dir()
+TRL_MODULES = ("trl", "datasets")  # what the TRL workers import besides the trainer's own packages
+VLLM_PROBE_TIMEOUT_S = 600  # `import vllm` under --vllm-python: seconds, at most this
+
+
+# ------------------------------------------------------------------------------------------------- the arguments
+
+
+def at_least_1(text: str) -> int:
+    """argparse `type`: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return value
+
+
+def trainer_value(field: str):
+    """The argparse `type` of a flag handed on to the bundled trainer as its field `field`: checked at parse time
+    against the trainer's own declaration (train.config: e.g. --group-size >= 2, as `python -m train` refuses 1),
+    not by a child process after the other trainers ran."""
+
+    def parse(text: str):
+        check = importlib.import_module(f"{trainer_module()}.config.train_config").parse_flag_text
+        try:
+            return check(field, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc} (the trainer's --{field.replace('_', '-')})") from None
+
+    parse.__name__ = field
+    return parse
+
+
+def import_vllm(python: str) -> subprocess.CompletedProcess:
+    """`python -c "import vllm"`, from the repository root (as the trainers run), its output captured."""
+    return subprocess.run([python, "-c", "import vllm"], cwd=REPO, capture_output=True, text=True,
+                          timeout=VLLM_PROBE_TIMEOUT_S)  # fmt: skip
+
+
+def vllm_python_error(python: str) -> str | None:
+    """Why interpreter `python` cannot run the bundled-vllm-* trainers (None when it can): it must exist, be
+    executable and import vllm (tried in a subprocess: import_vllm)."""
+    path, want = Path(python), "expected a Python with vllm (docs/rollouts.md)"
+    if not path.is_file():
+        return f"--vllm-python {python}: {'a folder' if path.is_dir() else 'no such file'}; {want}"
+    if not os.access(path, os.X_OK):
+        return f"--vllm-python {python}: not executable; {want}"
+    try:
+        res = import_vllm(python)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"--vllm-python {python}: could not run `import vllm` ({exc}); {want}"
+    if res.returncode != 0:
+        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+        return f"--vllm-python {python}: cannot import vllm ({why}); {want}"
+    return None
 
 
 def job_flags(args: argparse.Namespace, out: Path) -> list[str]:
@@ -194,21 +262,23 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_trainers", description=__doc__.split("\n\n")[0])
     p.add_argument("--trainers", default=",".join(DEFAULT_TRAINERS),
                    help=f"comma-separated, from {', '.join(TRAINERS)}")  # fmt: skip
     p.add_argument("--vllm-python", default=sys.executable,
                    help="interpreter of the bundled-vllm-* trainers (a venv with vllm; docs/rollouts.md)")  # fmt: skip
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=12)
-    p.add_argument("--eval-problems", type=int, default=100)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--publish", action="store_true", help="write benchmarks/results/trainers_cpu.{json,md}")
-    p.add_argument("--out", type=Path, default=SCRATCH, help="results folder without --publish")
+    p.add_argument("--model", type=trainer_value("model"), default="smollm2-135m")
+    p.add_argument("--steps", type=at_least_1, default=30)
+    p.add_argument("--prompts", type=trainer_value("prompts_per_step"), default=4)
+    p.add_argument("--group-size", type=trainer_value("group_size"), default=8)
+    p.add_argument("--max-new-tokens", type=trainer_value("max_new_tokens"), default=12)
+    p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=100)
+    p.add_argument("--threads", type=at_least_1, default=os.cpu_count() or 1)
+    p.add_argument("--seed", type=trainer_value("seed"), default=0)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--publish", action="store_true", help="write benchmarks/results/trainers_cpu.{json,md}")
+    where.add_argument("--out", default=str(SCRATCH), help="results folder (trainers.{json,md}); scratch")
     p.add_argument("--worker", choices=("trl", "sgrpo"), help=argparse.SUPPRESS)
     p.add_argument("--worker-result", type=Path, help=argparse.SUPPRESS)
     p.add_argument("flags", nargs="*", help=argparse.SUPPRESS)
@@ -220,8 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kinds if k not in TRAINERS]
     if bad or not kinds:
         p.error(f"--trainers {args.trainers!r}: expected names from {', '.join(TRAINERS)}")
-    if args.steps < 1:
-        p.error(f"--steps {args.steps}: expected at least 1")
+    if args.flags:  # the TRL workers' job flags: only with --worker
+        p.error(f"unrecognized arguments: {shlex.join(args.flags)}")
+    # before the first trainer runs: what a later one needs (a refusal after an hour of the others loses their results)
+    missing = [m for m in TRL_MODULES if importlib.util.find_spec(m) is None]
+    trl_kinds = [k for k in kinds if k not in ENGINE_FLAGS]
+    if trl_kinds and missing:
+        p.error(f"--trainers {args.trainers}: {', '.join(trl_kinds)} need {' and '.join(missing)}, not importable by "
+                f"{sys.executable}; install the trl extra, or leave {', '.join(trl_kinds)} out")  # fmt: skip
+    if any(k.startswith("bundled-vllm") for k in kinds) and (err := vllm_python_error(args.vllm_python)):
+        p.error(err)
+    out_dir, stem = (RESULTS, "trainers_cpu") if args.publish else (Path(args.out), "trainers")
+    if args.publish:
+        check_out(p, "--publish", RESULTS, "dir")
+    else:
+        check_out(p, "--out", args.out, "dir")  # as typed: "" is refused as empty, not taken for "."
     work = SCRATCH / "trainers_work"
     rows = []
     for kind in kinds:
@@ -229,13 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_trainer(kind, args, work))
         r = rows[-1]
         print(f"  {r['step_s_mean']:.2f} s/step, {r['tokens_per_s']:.1f} tokens/s, {r['train_peak_mem_mb']:.0f} MiB",
-              flush=True)
-    out_dir, stem = (RESULTS, "trainers_cpu") if args.publish else (args.out, "trainers")
+              flush=True)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     job = {k: getattr(args, k) for k in ("model", "steps", "prompts", "group_size", "max_new_tokens", "eval_problems",
                                          "threads", "seed")}  # fmt: skip
     meta = {"job": job, "cpu": cpu_name(), "git": git_sha(), "versions": versions(), "load1": os.getloadavg()[0],
-            "command": "python -m benchmarks.bench_trainers " + " ".join(argv if argv is not None else sys.argv[1:])}
+            "command": shlex.join(["python", "-m", "benchmarks.bench_trainers", *argv])}  # fmt: skip
     (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "trainers": rows}, indent=2) + "\n")
     md = (f"# Trainers end to end on CPU\n\n`{meta['command']}` on {meta['cpu']} (git {meta['git']}); job: "
           f"{json.dumps(job)}\n\n{table(rows)}\n")  # fmt: skip

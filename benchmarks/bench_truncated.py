@@ -21,11 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from benchmarks.bench_cpu import _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
-from benchmarks.common import RESULTS, cpu_name, git_sha, quantiles, spawn_worker, versions, write_tables
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    git_sha,
+    quantiles,
+    spawn_worker,
+    versions,
+    write_tables,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = "runs/bench/truncated"
@@ -64,9 +74,11 @@ def _make_call(provider: str, hidden, weight, targets, g_logp, g_ent):
     from sgrpo_kernels import reference as ref
 
     if provider == NAIVE:
+
         def fn(h, w, t):
             return ref.linear_logprobs(h, w, t, **SETTINGS["top_k=50,top_p=0.9"])
     else:
+
         def fn(h, w, t):
             return sk.linear_logprobs(h, w, t, backend="torch", **SETTINGS[provider])
 
@@ -133,8 +145,11 @@ def _spawn(*args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_truncated", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_truncated",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--tokens", type=_positive, default=2048, help="N, rows per call")
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES), help="input regimes")
     p.add_argument("--providers", nargs="+", choices=[*SETTINGS, NAIVE], help="a subset of each regime's providers")
@@ -151,7 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--_worker"]:
         print(json.dumps(_worker(*json.loads(argv[1]))))
         return 0
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    for provider in args.providers or []:  # a provider a chosen regime lacks would be left out of it silently
+        lacking = [r for r in args.regimes if provider not in REGIMES[r]]
+        if lacking:
+            ap.error(f"--providers {provider}: regime {', '.join(lacking)} has no such provider (it has "
+                     f"{', '.join(REGIMES[lacking[0]])}); drop it, or choose --regimes "
+                     f"{' '.join(r for r in REGIMES if provider in REGIMES[r])}")  # fmt: skip
+    # the output path before any measuring (--out as typed: "" is refused as empty, not taken for ".")
+    if args.publish:
+        check_out(ap, "--publish", RESULTS / "truncated_cpu", "stem")
+    else:
+        check_out(ap, "--out", args.out, "stem")
     rows, N = [], args.tokens
     for regime in args.regimes:
         wanted = args.providers or [p for p in REGIMES[regime] if p != NAIVE]  # naive: on request (N x V memory)
@@ -169,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                 "time_vs_full": round(med / stats["full"][0], 3),
                 "mem_vs_full": round(mem[p] / max(mem["full"], 1e-9), 3),
                 "versions": versions(), "git_sha": git_sha(),
-            })
+            })  # fmt: skip
     cols = ["regime", "provider", "N", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_full", "mem_vs_full"]
     head = (f"Sampler-support benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
             f"git {rows[0]['git_sha']}, fp32, Qwen2.5-0.5B head (D={D}, V={V}), fwd+bwd, repeats={args.repeats}.\n"
-            f"Command: python -m benchmarks.bench_truncated {' '.join(argv)}\n\n")
+            f"Command: {shlex.join(['python', '-m', 'benchmarks.bench_truncated', *argv])}\n\n")  # fmt: skip
     write_tables(RESULTS / "truncated_cpu" if args.publish else Path(args.out), rows, cols, head)
     return 0
 

@@ -69,3 +69,32 @@ def test_half_zero_mode_zeroes_every_other_row():
     a, b = bench._upstream("fwd+bwd-half0", g1, g2)
     assert a.tolist() == [1, 0, 1, 0, 1, 0] and b.tolist() == [2, 0, 2, 0, 2, 0]
     assert bench._upstream("fwd+bwd", g1, g2) == (g1, g2)
+
+
+def _spawn_recorder(monkeypatch):
+    """fake_spawn, recording each call: what a refusal before any measuring must leave empty."""
+    calls = []
+    monkeypatch.setattr(bench, "_spawn", lambda *a: calls.append(a) or fake_spawn(*a))
+    return calls
+
+
+@pytest.mark.parametrize(("out", "words"), [("afile/x", "afile is a file, not a folder"),
+                                            ("", "an empty path; expected a file")])  # fmt: skip
+def test_an_unwritable_out_is_refused_before_any_measuring(sandbox, monkeypatch, capsys, out, words):
+    (sandbox / "afile").write_text("x")
+    calls = _spawn_recorder(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*ARGS, "--out", out])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--out {out}".strip() in err and words in err, err
+    assert calls == [] and "Traceback" not in err
+    assert sorted(p.name for p in sandbox.iterdir()) == ["afile", "results"]  # nothing written
+
+
+def test_the_command_line_is_recorded_shell_quoted(sandbox):
+    import shlex
+
+    argv = [*ARGS, "--out", "my results/x"]  # a space: ' '.join would record two arguments
+    assert bench.main(argv) == 0
+    line = next(x for x in (sandbox / "my results/x.md").read_text().splitlines() if x.startswith("Command: "))
+    assert shlex.split(line.removeprefix("Command: ")) == ["python", "-m", "benchmarks.bench_cpu", *argv]

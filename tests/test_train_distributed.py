@@ -260,7 +260,8 @@ def test_bench_ddp_runs_and_reports(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_ddp, "REPO", REPO)
     out = tmp_path / "ddp.md"
     monkeypatch.setattr(bench_ddp, "RESULTS", tmp_path)
-    assert bench_ddp.main(["--model", "tiny", "--steps", "1", "--prompts", "2", "--group-size", "2", "--publish"]) == 0
+    assert bench_ddp.main(["--model", "tiny", "--steps", "1", "--prompts", "2", "--group-size", "2", "--cores", "2",
+                           "--publish"]) == 0
     text = (tmp_path / "ddp_cpu.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 2 and all("| 4 |" in row for row in rows), text  # 2 prompts x 2 completions in both jobs
