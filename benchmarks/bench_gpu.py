@@ -51,6 +51,7 @@ from benchmarks.common import (
     RESULTS,
     check_out,
     git_sha,
+    installed,
     lm_head_inputs,
     make_call,
     markdown_table,
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         out_arg = args.out
     else:
-        out_arg = str(RESULTS / "gpu" if args.device == "cuda" else scratch_dir() / "gpu_smoke")
+        # a CUDA run from a checkout publishes; a CPU smoke run, or any run of the installed wheel, goes to scratch
+        out_arg = str(RESULTS / "gpu" if args.device == "cuda" and not installed() else scratch_dir() / "gpu_smoke")
     check_out(ap, "--out", out_arg, "stem")
     for suffix in (".csv", ".md", ".png"):
         check_out(ap, "--out", Path(out_arg).with_suffix(suffix), "file")

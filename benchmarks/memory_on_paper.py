@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import check_out
+from benchmarks.common import check_out, installed, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMMAND = "python -m benchmarks.memory_on_paper"
@@ -120,9 +120,12 @@ def report() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="markdown file [default: benchmarks/results/memory_on_paper.md]")
+    ap.add_argument("--out", default=None, help="markdown file [default: benchmarks/results/memory_on_paper.md; "
+                    "installed (sgrpo-bench memory): ./runs/bench/memory_on_paper.md]")  # fmt: skip
     args = ap.parse_args(argv)
-    out = args.out if args.out is not None else str(RESULTS / "memory_on_paper.md")
+    # installed, RESULTS is inside the package (site-packages): the scratch folder instead
+    default = (scratch_dir() if installed() else RESULTS) / "memory_on_paper.md"
+    out = args.out if args.out is not None else str(default)
     check_out(ap, "--out", out, "file")  # before the report, not a traceback after it
     text = report()
     Path(out).parent.mkdir(parents=True, exist_ok=True)

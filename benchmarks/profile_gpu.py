@@ -28,6 +28,7 @@ from benchmarks.common import (
     RESULTS,
     check_out,
     git_sha,
+    installed,
     lm_head_inputs,
     make_call,
     markdown_table,
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         out = args.out
     else:
-        out = str(RESULTS / "profile_gpu.md" if args.device == "cuda" else scratch_dir() / "profile_gpu_smoke.md")
+        publish = args.device == "cuda" and not installed()  # (installed, RESULTS is inside site-packages)
+        out = str(RESULTS / "profile_gpu.md" if publish else scratch_dir() / "profile_gpu_smoke.md")
     check_out(ap, "--out", out, "file")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -210,6 +210,20 @@ def test_the_cuda_default_out_is_still_the_results_folder(tmp_path, monkeypatch,
     assert f"--out {tmp_path / 'gpu.md'}: is a folder; expected a file" in capsys.readouterr().err
 
 
+def test_installed_a_cuda_run_defaults_to_scratch_not_the_package(tmp_path, monkeypatch, capsys):
+    """From the wheel (sgrpo-bench gpu) RESULTS is inside site-packages: the default goes to the scratch folder. A
+    folder in the scratch default's way shows which default was taken, without a GPU."""
+    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path / "package")
+    monkeypatch.setattr(bench_gpu, "installed", lambda: True)
+    monkeypatch.setattr(bench_gpu, "scratch_dir", lambda: tmp_path / "scratch")
+    (tmp_path / "scratch" / "gpu_smoke.md").mkdir(parents=True)
+    _no_measuring(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        bench_gpu.main(["--providers", "reference"])
+    assert exc.value.code == 2
+    assert f"--out {tmp_path / 'scratch' / 'gpu_smoke.md'}: is a folder" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("where, words", [
     ("adir", "is a folder; expected a file name (suffixes are added)"),
     ("clash", "clash.csv: is a folder; expected a file"),  # the prefix is free, one of its files is not

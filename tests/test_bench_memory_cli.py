@@ -42,3 +42,13 @@ def test_an_unwritable_out_is_refused_before_the_report(tree, where, words, caps
 def test_the_default_out_is_the_results_file(tree):
     assert mp.main([]) == 0
     assert (tree / "results" / "memory_on_paper.md").read_text() == mp.report()
+
+
+def test_installed_the_default_out_is_the_scratch_folder_not_the_package(tree, monkeypatch, tmp_path):
+    """From the wheel (sgrpo-bench memory) the default wrote into the installed package, inside site-packages."""
+    scratch = tmp_path / "cwd" / "runs" / "bench"
+    monkeypatch.setattr(mp, "installed", lambda: True)
+    monkeypatch.setattr(mp, "scratch_dir", lambda: scratch)
+    assert mp.main([]) == 0
+    assert (scratch / "memory_on_paper.md").read_text() == mp.report()
+    assert not (tree / "results" / "memory_on_paper.md").exists()
