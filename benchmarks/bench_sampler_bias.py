@@ -27,8 +27,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_rollout import VLLM_INSTALL, float_range, int_at_least
-from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, markdown_table, scratch_dir, versions
+from benchmarks.bench_rollout import VLLM_INSTALL
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    float_range,
+    git_sha,
+    int_at_least,
+    markdown_table,
+    scratch_dir,
+    versions,
+)
 
 PROMPT = "Solve: {a} + {b} * {c} = ? Think step by step, then give the answer."
 

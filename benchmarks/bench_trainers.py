@@ -38,6 +38,7 @@ from benchmarks.common import (
     check_out,
     cpu_name,
     git_sha,
+    int_at_least,
     scratch_dir,
     script_args,
     trainer_module,
@@ -61,15 +62,7 @@ VLLM_PROBE_TIMEOUT_S = 600  # `import vllm` under --vllm-python: seconds, at mos
 # ------------------------------------------------------------------------------------------------- the arguments
 
 
-def at_least_1(text: str) -> int:
-    """argparse `type`: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
+at_least_1 = int_at_least(1)  # argparse type (bench_ddp imports it)
 
 
 def trainer_value(field: str):

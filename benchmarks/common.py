@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import platform
 import statistics
@@ -80,6 +81,37 @@ def out_error(flag: str, out: str | Path, kind: str = "file") -> str | None:
     except OSError as exc:
         return f"{flag} {out}: {up} is not a writable folder ({exc.strerror or exc})"
     return None
+
+
+def int_at_least(low: int):
+    """argparse type: an integer >= `low` (`argument --repeats: '0': expected an integer >= 1`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {low}")
+        return value
+
+    return parse
+
+
+def float_range(low: float, high: float | None = None):
+    """argparse type: a finite number in (low, high], or > low without `high` (`'1.5': expected a number in (0, 1]`)."""
+    where = f"in ({low:g}, {high:g}]" if high is not None else f"> {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > low and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number {where}")
+        return value
+
+    return parse
 
 
 def check_out(ap: argparse.ArgumentParser, flag: str, out: str | Path | None, kind: str = "file") -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import check_out
+from benchmarks.common import check_out, int_at_least
 
 
 def entropy_profile(model, tok, batch, temperature: float) -> dict:
@@ -60,16 +60,6 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     from study.grid import REGIMES
     from train.config.cli import parse_args
@@ -82,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--regime", default="decisive", choices=sorted(REGIMES))
     p.add_argument("--seeds", default="0,1,2,3,4", type=_seeds, help="comma-separated seeds, each an integer >= 0")
-    p.add_argument("--prompts", type=_positive, default=8, help="training prompts sampled for the entropy profile")
+    p.add_argument("--prompts", type=int_at_least(1), default=8, help="training prompts for the entropy profile")
     p.add_argument(
         "--before-from",
         type=Path,
