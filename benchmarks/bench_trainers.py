@@ -214,7 +214,7 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
         recs = [r for r in recs if "event" not in r and "step" in r and "step_s" in r]
         summary = json.loads((out / "summary.json").read_text())
         step_s = [r["step_s"] for r in recs]
-        tokens = [r["tokens_per_s"] * r["step_s"] for r in recs]
+        tokens = [completion_tokens(r) for r in recs]
         m = {"trainer": kind, "steps": len(recs), "step_s": step_s, "tokens": tokens,
              "train_peak_mem_mb": max(r["train_peak_mem_mb"] for r in recs),
              "peak_mem_mb": max(r["peak_mem_mb"] for r in recs),
@@ -225,6 +225,12 @@ def run_trainer(kind: str, args: argparse.Namespace, work: Path) -> dict:
     else:
         m = json.loads((out / "worker.json").read_text())
     return {**m, **summarize(m["step_s"], m["tokens"]), "process_wall_s": wall}
+
+
+def completion_tokens(record: dict) -> int:
+    """A bundled step record's completion-token count, from its tokens_per_s x step_s: an integer, which the float
+    product misses by a rounding error (32.00000000000001 for 32 tokens)."""
+    return round(record["tokens_per_s"] * record["step_s"])
 
 
 def summarize(step_s: list[float], tokens: list[float]) -> dict:

@@ -287,3 +287,12 @@ def test_truncated_command_is_recorded_shell_quoted(truncated):
     line = next(x for x in (tmp / "my x.md").read_text().splitlines() if x.startswith("Command: "))
     assert "'naive(top_k=50,top_p=0.9)'" in line  # unquoted, bash reads the parenthesis as syntax
     assert shlex.split(line.removeprefix("Command: ")) == ["python", "-m", "benchmarks.bench_truncated", *argv]
+
+
+def test_a_bundled_records_token_count_is_the_integer_it_was():
+    """tokens_per_s x step_s came back as 32.00000000000001 (or 31.999999999999996) for 32 tokens, and the end-to-end
+    test's bound `<= 2 x 4 x 4` failed on it now and then."""
+    from benchmarks.bench_trainers import completion_tokens
+
+    for step_s in (0.48183098461083224, 0.05, 1 / 3):
+        assert completion_tokens({"tokens_per_s": 32 / step_s, "step_s": step_s}) == 32
