@@ -188,9 +188,6 @@ def _agree(a: dict, b: dict) -> bool:
     return all(abs(a[k] - b[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b)
 
 
-_positive, _non_negative = int_at_least(1), int_at_least(0)  # (bench_gpu, profile_gpu, bench_truncated import them)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_cpu",
@@ -198,10 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), help="LM-head shapes")
-    p.add_argument("--tokens", nargs="+", type=_positive, default=[256, 1024, 2048], help="N, rows per call")
+    p.add_argument("--tokens", nargs="+", type=int_at_least(1), default=[256, 1024, 2048], help="N, rows per call")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="what is timed")
-    p.add_argument("--repeats", type=_positive, default=3, help="timed calls per provider")
-    p.add_argument("--warmup", type=_non_negative, default=1, help="untimed calls before them")
+    p.add_argument("--repeats", type=int_at_least(1), default=3, help="timed calls per provider")
+    p.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed calls before them")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", default=SCRATCH, help="output path stem (.csv and .md are written); scratch")
     where.add_argument(

@@ -45,13 +45,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_cpu import _non_negative, _positive
 from benchmarks.common import (
     IGNORE,
     RESULTS,
     check_out,
     git_sha,
     installed,
+    int_at_least,
     lm_head_inputs,
     make_call,
     markdown_table,
@@ -260,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--providers", default=",".join(PROVIDERS))
     ap.add_argument("--modes", default="fwd,fwd+bwd,fwd+bwd@0.5", help="fwd, fwd+bwd, fwd+bwd@FRAC (zero-grad rows)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--repeats", type=_positive, default=20, help="timed calls per provider, at least 1")
-    ap.add_argument("--warmup", type=_non_negative, default=5, help="untimed calls before them")
+    ap.add_argument("--repeats", type=int_at_least(1), default=20, help="timed calls per provider, at least 1")
+    ap.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed calls before them")
     ap.add_argument(
         "--out",
         default=None,

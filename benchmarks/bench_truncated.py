@@ -25,12 +25,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from benchmarks.bench_cpu import _non_negative, _peak_bytes, _positive, _reset_peak, _rss_bytes
+from benchmarks.bench_cpu import _peak_bytes, _reset_peak, _rss_bytes
 from benchmarks.common import (
     RESULTS,
     check_out,
     cpu_name,
     git_sha,
+    int_at_least,
     quantiles,
     spawn_worker,
     versions,
@@ -150,11 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--tokens", type=_positive, default=2048, help="N, rows per call")
+    p.add_argument("--tokens", type=int_at_least(1), default=2048, help="N, rows per call")
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES), help="input regimes")
     p.add_argument("--providers", nargs="+", choices=[*SETTINGS, NAIVE], help="a subset of each regime's providers")
-    p.add_argument("--repeats", type=_positive, default=2, help="timed calls per provider")
-    p.add_argument("--warmup", type=_non_negative, default=0, help="untimed calls before them")
+    p.add_argument("--repeats", type=int_at_least(1), default=2, help="timed calls per provider")
+    p.add_argument("--warmup", type=int_at_least(0), default=0, help="untimed calls before them")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--out", default=SCRATCH, help="output path stem (.csv and .md are written); scratch")
     where.add_argument("--publish", action="store_true", help="write benchmarks/results/truncated_cpu.{csv,md}")

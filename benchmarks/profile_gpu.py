@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.bench_cpu import _non_negative, _positive
 from benchmarks.common import (
     IGNORE,
     RESULTS,
     check_out,
     git_sha,
     installed,
+    int_at_least,
     lm_head_inputs,
     make_call,
     markdown_table,
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="triton", choices=["triton", "torch"])
     ap.add_argument("--mode", default="fwd+bwd", choices=["fwd", "fwd+bwd"])
     ap.add_argument("--zero-frac", type=float, default=0.0, help="fraction of rows with zero upstream gradients")
-    ap.add_argument("--repeats", type=_positive, default=5, help="profiled calls, at least 1")
-    ap.add_argument("--warmup", type=_non_negative, default=3, help="calls before profiling (autotuning happens here)")
+    ap.add_argument("--repeats", type=int_at_least(1), default=5, help="profiled calls, at least 1")
+    ap.add_argument("--warmup", type=int_at_least(0), default=3, help="calls before profiling (autotuning runs here)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: smoke test of the script")
     ap.add_argument(
         "--out",
