@@ -34,6 +34,7 @@ from pathlib import Path
 
 from benchmarks.common import (
     RESULTS,
+    PeakRSS,
     check_out,
     cpu_name,
     git_sha,
@@ -68,25 +69,6 @@ def providers() -> tuple[str, ...]:
 
 
 PROVIDERS = providers()
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> None:
-    """Reset the kernel's resident-memory high-water mark (VmHWM) so setup allocations do not count."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _peak_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("VmHWM not found in /proc/self/status")
 
 
 def _setup(D: int, V: int, N: int):
@@ -151,15 +133,13 @@ def _worker_mem(provider: str, D: int, V: int, N: int, mode: str) -> dict:
     inputs = _setup(D, V, N)
     call = _make_call(provider, mode, *inputs)
     grad_bytes = (N * D + V * D) * 4 if mode != "fwd" else 0
-    _reset_peak()
-    base = _rss_bytes()
-    out = call()
-    peak = _peak_bytes()
+    with PeakRSS() as peak:
+        out = call()
     check = {"logp_sum": float(out[0].double().sum()), "ent_sum": float(out[1].double().sum())}
     if mode != "fwd":
         check["gh_norm"] = float(out[2].double().norm())
         check["gw_norm"] = float(out[3].double().norm())
-    return {"peak_extra_mb": max(0, peak - base - grad_bytes) / 2**20, "check": check,
+    return {"peak_extra_mb": max(0, peak.extra - grad_bytes) / 2**20, "check": check,
             "threads": torch.get_num_threads()}  # fmt: skip
 
 

@@ -47,17 +47,15 @@ import torch
 
 from benchmarks.common import (
     IGNORE,
-    RESULTS,
     check_out,
+    default_out,
     git_sha,
-    installed,
     int_at_least,
     lm_head_inputs,
     make_call,
     markdown_table,
     parse_shape,
     quantiles,
-    scratch_dir,
     versions,
     write_csv,
 )
@@ -280,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--providers: unknown {', '.join(unknown) or '(none given)'}; "
                  f"expected a comma-separated subset of {', '.join(PROVIDERS)}")
     # a CPU smoke test never lands on the committed GPU results unless --out says so
-    if args.out is not None:
-        out_arg = args.out
-    else:
-        # a CUDA run from a checkout publishes; a CPU smoke run, or any run of the installed wheel, goes to scratch
-        out_arg = str(RESULTS / "gpu" if args.device == "cuda" and not installed() else scratch_dir() / "gpu_smoke")
+    out_arg = args.out if args.out is not None else default_out("gpu", "gpu_smoke", args.device == "cuda")
     check_out(ap, "--out", out_arg, "stem")
     for suffix in (".csv", ".md", ".png"):
         check_out(ap, "--out", Path(out_arg).with_suffix(suffix), "file")

@@ -25,9 +25,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from benchmarks.bench_cpu import _peak_bytes, _reset_peak, _rss_bytes
 from benchmarks.common import (
     RESULTS,
+    PeakRSS,
     check_out,
     cpu_name,
     git_sha,
@@ -129,12 +129,11 @@ def _worker(regime: str, N: int, providers: list[str], repeats: int, warmup: int
     for i in range(warmup + repeats):
         for p, call in calls.items():
             inputs[0].grad = inputs[1].grad = None
-            _reset_peak()
-            base = _rss_bytes()
-            t0 = time.perf_counter()
-            call()
-            dt = (time.perf_counter() - t0) * 1e3
-            extra = _peak_bytes() - base - (N * D + V * D) * 4
+            with PeakRSS() as peak:
+                t0 = time.perf_counter()
+                call()
+                dt = (time.perf_counter() - t0) * 1e3
+            extra = peak.extra - (N * D + V * D) * 4
             if i >= warmup:
                 times[p].append(dt)
                 mem[p] = max(mem[p], extra / 2**20)

@@ -56,6 +56,13 @@ def scratch_dir() -> Path:
     return (Path.cwd() if installed() else Path(__file__).resolve().parents[1]) / "runs" / "bench"
 
 
+def default_out(published: str, smoke: str, publish: bool) -> str:
+    """Where a GPU script writes when --out is not given: benchmarks/results/<published> for a `publish` run (a CUDA
+    run) from a checkout; a CPU smoke run, or any run of the installed wheel (RESULTS is inside site-packages), writes
+    the scratch folder's <smoke> instead, so that it never lands on the committed results."""
+    return str(RESULTS / published if publish and not installed() else scratch_dir() / smoke)
+
+
 def out_error(flag: str, out: str | Path, kind: str = "file") -> str | None:
     """Why a script could not write its output `out` (None when it can), for `ap.error` before any measuring: `kind`
     "file" (a file, its folders made), "dir" (a folder, made) or "stem" (a name that gets suffixes: out.csv,
@@ -152,6 +159,26 @@ def versions() -> str:
     except ImportError:
         pass
     return "; ".join(parts)
+
+
+class PeakRSS:
+    """The peak resident memory of this process inside a `with` block beyond what was resident when it began, in
+    bytes (`.extra`, set on exit): the kernel's high-water mark (VmHWM) is reset on entry, so earlier allocations do
+    not count. Linux only (/proc/self)."""
+
+    def __enter__(self) -> PeakRSS:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current resident size
+        with open("/proc/self/statm") as f:
+            self.base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with open("/proc/self/status") as f:
+            hwm = next((line for line in f if line.startswith("VmHWM:")), None)
+        if hwm is None:
+            raise RuntimeError("VmHWM not found in /proc/self/status")
+        self.extra = int(hwm.split()[1]) * 1024 - self.base
 
 
 def quantiles(times_ms: list[float]) -> tuple[float, float, float]:

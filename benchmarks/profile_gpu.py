@@ -24,16 +24,14 @@ import torch
 
 from benchmarks.common import (
     IGNORE,
-    RESULTS,
     check_out,
+    default_out,
     git_sha,
-    installed,
     int_at_least,
     lm_head_inputs,
     make_call,
     markdown_table,
     parse_shape,
-    scratch_dir,
     versions,
 )
 
@@ -99,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "fwd" and args.zero_frac:
         ap.error("--zero-frac only applies to --mode fwd+bwd")
     # a CPU smoke test never lands on the committed GPU results unless --out says so
-    if args.out is not None:
-        out = args.out
-    else:
-        publish = args.device == "cuda" and not installed()  # (installed, RESULTS is inside site-packages)
-        out = str(RESULTS / "profile_gpu.md" if publish else scratch_dir() / "profile_gpu_smoke.md")
+    publish = args.device == "cuda"
+    out = args.out if args.out is not None else default_out("profile_gpu.md", "profile_gpu_smoke.md", publish)
     check_out(ap, "--out", out, "file")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -98,3 +98,21 @@ def test_the_command_line_is_recorded_shell_quoted(sandbox):
     assert bench.main(argv) == 0
     line = next(x for x in (sandbox / "my results/x.md").read_text().splitlines() if x.startswith("Command: "))
     assert shlex.split(line.removeprefix("Command: ")) == ["python", "-m", "benchmarks.bench_cpu", *argv]
+
+
+def test_peak_rss_counts_what_the_block_allocates_not_what_was_resident_before():
+    """benchmarks.common.PeakRSS (bench_cpu's and bench_truncated's memory figure): 64 MiB touched inside the block
+    reads as ~64 MiB, whatever was allocated (and freed) before it."""
+    import torch
+
+    from benchmarks.common import PeakRSS
+
+    before = torch.ones(48 * 2**20 // 4)  # 48 MiB, freed before the block: the reset high-water mark must forget it
+    del before
+    with PeakRSS() as peak:
+        inside = torch.ones(64 * 2**20 // 4)
+    assert 60 * 2**20 <= peak.extra <= 80 * 2**20, peak.extra / 2**20
+    with PeakRSS() as idle:
+        pass
+    assert idle.extra < 8 * 2**20, idle.extra / 2**20
+    del inside

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_gpu
+from benchmarks import bench_gpu, common
 
 ISSUE_COLUMNS = ("device,provider,mode,M,D,V,dtype,zero_grad_frac,ms_median,ms_p20,ms_p80,tflops,peak_mem_gb,"
                  "versions,git_sha").split(",")
@@ -189,39 +189,15 @@ def _no_measuring(monkeypatch):
     monkeypatch.setattr(bench_gpu, "lm_head_inputs", refuse)
 
 
-def test_a_cpu_smoke_run_without_out_writes_to_scratch_not_results(tmp_path, monkeypatch):
-    """Before: `--device cpu` without --out overwrote the committed benchmarks/results/gpu.{csv,md,png}."""
-    results, scratch = tmp_path / "results", tmp_path / "scratch"
-    monkeypatch.setattr(bench_gpu, "RESULTS", results)  # (a failing run cannot reach the repository's results)
-    monkeypatch.setattr(bench_gpu, "scratch_dir", lambda: scratch, raising=False)
-    assert bench_gpu.main(TINY) == 0
-    assert not results.exists(), sorted(p.name for p in results.iterdir())
-    assert (scratch / "gpu_smoke.csv").exists() and (scratch / "gpu_smoke.md").exists()
-
-
 def test_the_cuda_default_out_is_still_the_results_folder(tmp_path, monkeypatch, capsys):
     """gpu_session.sh passes --out; a plain CUDA run still writes benchmarks/results/gpu.*, checked up front."""
-    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
     (tmp_path / "gpu.md").mkdir()
     _no_measuring(monkeypatch)
     with pytest.raises(SystemExit) as exc:
         bench_gpu.main(["--providers", "reference"])
     assert exc.value.code == 2
     assert f"--out {tmp_path / 'gpu.md'}: is a folder; expected a file" in capsys.readouterr().err
-
-
-def test_installed_a_cuda_run_defaults_to_scratch_not_the_package(tmp_path, monkeypatch, capsys):
-    """From the wheel (sgrpo-bench gpu) RESULTS is inside site-packages: the default goes to the scratch folder. A
-    folder in the scratch default's way shows which default was taken, without a GPU."""
-    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path / "package")
-    monkeypatch.setattr(bench_gpu, "installed", lambda: True)
-    monkeypatch.setattr(bench_gpu, "scratch_dir", lambda: tmp_path / "scratch")
-    (tmp_path / "scratch" / "gpu_smoke.md").mkdir(parents=True)
-    _no_measuring(monkeypatch)
-    with pytest.raises(SystemExit) as exc:
-        bench_gpu.main(["--providers", "reference"])
-    assert exc.value.code == 2
-    assert f"--out {tmp_path / 'scratch' / 'gpu_smoke.md'}: is a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("where, words", [
@@ -249,7 +225,7 @@ def test_an_unwritable_out_is_refused_before_measuring(where, words, tmp_path, m
 ])  # fmt: skip
 def test_repeats_and_warmup_are_refused_at_parse_time(flag, value, words, tmp_path, monkeypatch, capsys):
     """Before: --repeats 0 ran every provider, then statistics.StatisticsError; --warmup -1 was taken as 0."""
-    monkeypatch.setattr(bench_gpu, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     _no_measuring(monkeypatch)
     with pytest.raises(SystemExit) as exc:
         bench_gpu.main([*TINY, flag, value, "--out", str(tmp_path / "gpu")])

@@ -62,29 +62,6 @@ TINY = ["--device", "cpu", "--backend", "torch", "--shape", "4x8x16", "--dtype",
         "--repeats", "1", "--warmup", "0"]  # fmt: skip
 
 
-def test_a_cpu_smoke_run_without_out_writes_to_scratch_not_results(tmp_path, monkeypatch):
-    """Before: `--device cpu` without --out overwrote benchmarks/results/profile_gpu.md."""
-    results, scratch = tmp_path / "results", tmp_path / "scratch"
-    monkeypatch.setattr(profile_gpu, "RESULTS", results)  # (a failing run cannot reach the repository's results)
-    monkeypatch.setattr(profile_gpu, "scratch_dir", lambda: scratch, raising=False)
-    assert profile_gpu.main(TINY) == 0
-    assert not results.exists(), sorted(p.name for p in results.iterdir())
-    assert "M=4 D=8 V=16" in (scratch / "profile_gpu_smoke.md").read_text()
-
-
-def test_installed_a_cuda_run_defaults_to_scratch_not_the_package(tmp_path, monkeypatch, capsys):
-    """From the wheel (sgrpo-bench profile) RESULTS is inside site-packages: a folder in the scratch default's way
-    shows that the scratch default was taken, without a GPU."""
-    monkeypatch.setattr(profile_gpu, "RESULTS", tmp_path / "package")
-    monkeypatch.setattr(profile_gpu, "installed", lambda: True, raising=False)
-    monkeypatch.setattr(profile_gpu, "scratch_dir", lambda: tmp_path / "scratch", raising=False)
-    (tmp_path / "scratch" / "profile_gpu_smoke.md").mkdir(parents=True)
-    with pytest.raises(SystemExit) as exc:
-        profile_gpu.main(["--backend", "torch", "--shape", "4x8x16"])
-    assert exc.value.code == 2
-    assert f"--out {tmp_path / 'scratch' / 'profile_gpu_smoke.md'}: is a folder" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("where, words", [
     ("adir", "is a folder; expected a file"),
     ("afile/p.md", "afile is a file, not a folder"),
