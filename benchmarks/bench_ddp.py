@@ -20,7 +20,16 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_trainers import at_least_1, trainer_value
-from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, scratch_dir, trainer_module, versions
+from benchmarks.common import (
+    RESULTS,
+    check_out,
+    cpu_name,
+    git_sha,
+    int_at_least,
+    scratch_dir,
+    trainer_module,
+    versions,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,18 +76,27 @@ def run_job(nproc: int, args: argparse.Namespace, out: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_ddp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=at_least_1, default=2, help="processes of the data-parallel job (torchrun)")
+    p.add_argument("--nproc", type=int_at_least(2), default=2,
+                   help="processes of the data-parallel job (torchrun), compared against 1 process")
     p.add_argument("--steps", type=at_least_1, default=4)
     p.add_argument("--model", type=trainer_value("model"), default="smollm2-135m")
     p.add_argument("--prompts", type=trainer_value("prompts_per_step"), default=4)
     p.add_argument("--group-size", type=trainer_value("group_size"), default=8)
     p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=8)
-    p.add_argument("--cores", type=at_least_1, default=os.cpu_count() or 1, help="threads shared by the processes")
+    p.add_argument("--cores", type=at_least_1, default=None,
+                   help="threads shared by the processes [default: the machine's cores, down to a multiple of --nproc]")
     p.add_argument("--publish", action="store_true", help="write benchmarks/results/ddp_cpu.md")
     args = p.parse_args(argv)
+    if args.cores is None:
+        n = os.cpu_count() or 1
+        args.cores = n - n % args.nproc if n >= args.nproc else n
     if args.nproc > args.cores:
         p.error(f"--nproc {args.nproc} exceeds --cores {args.cores}: the processes share the cores, at least one "
                 f"each (same total threads as the single process)")  # fmt: skip
+    if args.cores % args.nproc:  # the split would leave cores idle: not the same total threads as the one process
+        p.error(f"--cores {args.cores} does not split evenly over --nproc {args.nproc} ({args.cores // args.nproc} "
+                f"threads each would leave {args.cores % args.nproc} idle, against the single process's "
+                f"{args.cores}); choose --cores a multiple of --nproc")  # fmt: skip
     if args.prompts % args.nproc:
         p.error(f"--prompts {args.prompts} must be a multiple of --nproc {args.nproc} (whole groups per process)")
     work = scratch_dir() / "ddp"

@@ -289,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kinds if k not in TRAINERS]
     if bad or not kinds:
         p.error(f"--trainers {args.trainers!r}: expected names from {', '.join(TRAINERS)}")
+    if twice := sorted({k for k in kinds if kinds.count(k) > 1}):  # the second run's row would replace the first's
+        p.error(f"--trainers {args.trainers!r}: {', '.join(twice)} named twice; name each trainer once")
     if args.flags:  # the TRL workers' job flags: only with --worker
         p.error(f"unrecognized arguments: {shlex.join(args.flags)}")
     # before the first trainer runs: what a later one needs (a refusal after an hour of the others loses their results)

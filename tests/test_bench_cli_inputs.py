@@ -195,8 +195,10 @@ def ddp(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--nproc", "0"], ["argument --nproc: '0'", "expected an integer >= 1"]),  # was a ZeroDivisionError
-        (["--nproc", "-2"], ["argument --nproc: '-2'", "expected an integer >= 1"]),  # was torchrun with -2
+        (["--nproc", "0"], ["argument --nproc: '0'", "expected an integer >= 2"]),  # was a ZeroDivisionError
+        (["--nproc", "-2"], ["argument --nproc: '-2'", "expected an integer >= 2"]),  # was torchrun with -2
+        (["--nproc", "1"], ["argument --nproc: '1'", "expected an integer >= 2"]),  # ran the same 1-process job twice
+        (["--nproc", "2", "--cores", "3"], ["--cores 3 does not split evenly over --nproc 2", "1 idle"]),  # was 1+1
         (["--cores", "0"], ["argument --cores: '0'", "expected an integer >= 1"]),  # was 1 thread, "0 cores"
         (["--cores", "-4"], ["argument --cores: '-4'", "expected an integer >= 1"]),
         (["--nproc", "4", "--cores", "2", "--prompts", "4"], ["--nproc 4 exceeds --cores 2", "at least one each"]),
@@ -208,8 +210,22 @@ def ddp(tmp_path, monkeypatch):
 )
 def test_ddp_bad_counts_are_refused_before_any_job(ddp, capsys, argv, words):
     tmp, calls = ddp
-    refused(bench_ddp.main, ["--cores", "2", *argv], capsys, *words)
+    refused(bench_ddp.main, ["--cores", "2", *argv], capsys, *words)  # (a later --cores replaces this one)
     assert calls == [] and files(tmp) == []
+
+
+@pytest.mark.parametrize(("cpus", "nproc", "cores"), [(3, 2, 2), (4, 2, 4), (7, 3, 6), (1, 2, None)])
+def test_ddp_default_cores_split_evenly(ddp, monkeypatch, capsys, cpus, nproc, cores):
+    """The default --cores (the machine's) is taken down to a multiple of --nproc, so that an odd core count does not
+    refuse the default command; fewer cores than processes is still refused."""
+    tmp, calls = ddp
+    monkeypatch.setattr(bench_ddp.os, "cpu_count", lambda: cpus)
+    argv = ["--nproc", str(nproc), "--prompts", str(nproc)]
+    if cores is None:
+        refused(bench_ddp.main, argv, capsys, f"--nproc {nproc} exceeds --cores {cpus}")
+        return
+    assert bench_ddp.main(argv) == 0 and calls == [1, nproc]
+    assert f"{cores} cores" in (tmp / "scratch" / "ddp" / "ddp.md").read_text()
 
 
 def test_ddp_unwritable_report_is_refused_before_any_job(ddp, monkeypatch, capsys):

@@ -35,6 +35,13 @@ def test_bad_trainer_names_are_refused(capsys):
     assert "expected names from bundled, trl, sgrpo" in capsys.readouterr().err
 
 
+def test_a_trainer_named_twice_is_refused(capsys):
+    """Before: both runs ran and the second's row replaced the first's in the table."""
+    with pytest.raises(SystemExit) as exc:
+        bt.main(["--trainers", "bundled,trl,bundled"])
+    assert exc.value.code == 2 and "bundled named twice" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_three_trainers_end_to_end_on_a_tiny_model(tmp_path, monkeypatch):
     pytest.importorskip("trl")
