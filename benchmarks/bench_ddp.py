@@ -19,17 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.bench_trainers import at_least_1, trainer_value
-from benchmarks.common import (
-    RESULTS,
-    check_out,
-    cpu_name,
-    git_sha,
-    int_at_least,
-    scratch_dir,
-    trainer_module,
-    versions,
-)
+from benchmarks.bench_trainers import trainer_value
+from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, int_at_least, scratch_dir, trainer_module, versions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_ddp", description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int_at_least(2), default=2,
                    help="processes of the data-parallel job (torchrun), compared against 1 process")
-    p.add_argument("--steps", type=at_least_1, default=4)
+    p.add_argument("--steps", type=int_at_least(1), default=4)
     p.add_argument("--model", type=trainer_value("model"), default="smollm2-135m")
     p.add_argument("--prompts", type=trainer_value("prompts_per_step"), default=4)
     p.add_argument("--group-size", type=trainer_value("group_size"), default=8)
     p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=8)
-    p.add_argument("--cores", type=at_least_1, default=None,
+    p.add_argument("--cores", type=int_at_least(1), default=None,
                    help="threads shared by the processes [default: the machine's cores, down to a multiple of --nproc]")
     p.add_argument("--publish", action="store_true", help="write benchmarks/results/ddp_cpu.md")
     args = p.parse_args(argv)

@@ -62,9 +62,6 @@ TRL_MODULES = ("trl", "datasets")  # what the TRL workers import besides the tra
 # ------------------------------------------------------------------------------------------------- the arguments
 
 
-at_least_1 = int_at_least(1)  # argparse type (bench_ddp imports it)
-
-
 def trainer_value(field: str):
     """The argparse `type` of a flag handed on to the bundled trainer as its field `field`: checked at parse time
     against the trainer's own declaration (train.config: e.g. --group-size >= 2, as `python -m train` refuses 1),
@@ -244,12 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-python", default=sys.executable,
                    help="interpreter of the bundled-vllm-* trainers (a venv with vllm; docs/rollouts.md)")  # fmt: skip
     p.add_argument("--model", type=trainer_value("model"), default="smollm2-135m")
-    p.add_argument("--steps", type=at_least_1, default=30)
+    p.add_argument("--steps", type=int_at_least(1), default=30)
     p.add_argument("--prompts", type=trainer_value("prompts_per_step"), default=4)
     p.add_argument("--group-size", type=trainer_value("group_size"), default=8)
     p.add_argument("--max-new-tokens", type=trainer_value("max_new_tokens"), default=12)
     p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=100)
-    p.add_argument("--threads", type=at_least_1, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int_at_least(1), default=os.cpu_count() or 1)
     p.add_argument("--seed", type=trainer_value("seed"), default=0)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--publish", action="store_true", help="write benchmarks/results/trainers_cpu.{json,md}")
