@@ -661,6 +661,7 @@ def _args(tmp_path, **kw) -> SGRPOConfig:
         ({"top_p": 0.9, "min_p": 0.05, "use_vllm": True}, {"top_p": 0.9, "min_p": 0.05}),  # vLLM's order is ours
         ({"top_p": 0.9, "generation_kwargs": {"top_p": 0.7, "top_k": 3}}, {"top_k": 3, "top_p": 0.7}),  # TRL's override
         ({"top_p": 0.9, "generation_kwargs": {"top_p": 1.0}}, {}),
+        ({"temperature": 0.7, "generation_kwargs": {"temperature": 0.7}}, {}),  # the same temperature in both: fine
     ],
 )
 def test_trl_sampler_fields_map_to_the_ops_options(tmp_path, fields, want):
@@ -680,6 +681,9 @@ def test_trl_sampler_fields_map_to_the_ops_options(tmp_path, fields, want):
         ({"min_p": 1.0}, ["min_p=1.0", "[0, 1)", "top_k=1"]),
         ({"min_p": -0.1}, ["min_p=-0.1", "[0, 1)"]),
         ({"generation_kwargs": {"top_p": 2}}, ["generation_kwargs={'top_p': 2}", "(0, 1]"]),
+        # TRL samples at generation_kwargs' temperature and computes its log-probs at `temperature`: scored off-sample
+        ({"temperature": 1.0, "generation_kwargs": {"temperature": 0.7}},
+         ["generation_kwargs={'temperature': 0.7}", "temperature=1.0", "set temperature=0.7"]),
         # transformers' generate applies min_p after top_p: another support than vLLM's, which the ops follow
         ({"top_p": 0.9, "min_p": 0.05}, ["top_p=0.9", "min_p=0.05", "use_vllm=False", "use_vllm=True"]),
     ],

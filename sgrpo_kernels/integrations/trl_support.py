@@ -60,12 +60,20 @@ def sampler_support(args) -> dict:
     """The `linear_logprobs` / `sgrpo_loss` keywords of the sampler `args` (a GRPOConfig) configures: only the settings
     that cut tokens, so that TRL's defaults give {} and every call is made exactly as without this feature. A setting
     in `generation_kwargs` wins over the field, as it does in TRL. A value TRL's samplers would not honour as the
-    ops do is refused, naming the field; so is a `temperature` that is not a finite number > 0."""
+    ops do is refused, naming the field; so is a `temperature` that is not a finite number > 0, and a
+    `generation_kwargs` temperature other than it (TRL would sample at one and score at the other)."""
     t = args.temperature
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         raise ValueError(f"SGRPOConfig(temperature={t!r}): expected a finite number > 0 (the sampler's temperature; "
                          "the log-probs divide the logits by it)")
     gen = args.generation_kwargs if isinstance(args.generation_kwargs, dict) else {}
+    if "temperature" in gen and gen["temperature"] != t:  # TRL samples at it, but scores at args.temperature
+        raise ValueError(
+            f"SGRPOConfig(generation_kwargs={{'temperature': {gen['temperature']!r}}}, temperature={t!r}): TRL samples "
+            "at generation_kwargs' temperature while the log-probs divide the logits by `temperature`, so they would "
+            f"score another distribution than the one sampled; set temperature={gen['temperature']!r} and leave it "
+            "out of generation_kwargs"
+        )
     out: dict = {}
     for name in SAMPLER_FIELDS:
         given = gen.get(name, getattr(args, name))
