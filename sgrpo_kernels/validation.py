@@ -55,8 +55,11 @@ def check_number(
 ) -> float:
     """A finite Python number (not a bool, not a tensor) within the given bounds."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a Python number, got {type(x).__name__}")
-    v = float(x)
+        raise TypeError(f"{name} must be a Python number, got {type(x).__name__} {x!r}")
+    try:
+        v = float(x)
+    except OverflowError:  # an int beyond a double's range
+        raise ValueError(f"{name} must be finite, got an integer of {len(str(abs(x)))} digits") from None
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {x!r}")
     if low is not None and (v <= low if low_open else v < low):

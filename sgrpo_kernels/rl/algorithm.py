@@ -55,6 +55,13 @@ def prepare_groups(
     groups, in one call: the trainer passes rewards and the group size once."""
     if not isinstance(config, LossConfig):
         raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
+    for name, x in (("completion_ids", completion_ids), ("completion_mask", completion_mask)):
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"prepare_groups: {name} must be a [B, T] tensor, got {got}")
+    if isinstance(rewards, Tensor) and rewards.dim() == 1 and rewards.shape[0] != completion_ids.shape[0]:
+        raise ValueError(f"prepare_groups: rewards has shape {tuple(rewards.shape)}, expected "
+                         f"({completion_ids.shape[0]},) (one reward per completion: B from completion_ids)")
     adv, stats = config.advantages(rewards, group_size, return_stats=True)
     weights, counts = config.conflict_weights(completion_ids, completion_mask, adv, group_size)
     if not rewards.is_floating_point():  # int / bool rewards (accepted above) as the loss's filters take them

@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, check_advantage_options, group_advantages
@@ -15,6 +16,9 @@ from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_DETECTS, CONFLICT
 from sgrpo_kernels.rl.entropy import parse_entropy_filter
 from sgrpo_kernels.rl.field_losses import POLICY_TERMS, TERM_FIELDS
 from sgrpo_kernels.validation import check_choice, check_number
+
+_F32_MAX, _F32_TINY = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
+_LOG_F32_MAX = math.log(_F32_MAX)
 
 __all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "POLICY_TERMS", "LossConfig"]
 
@@ -170,8 +174,12 @@ class LossConfig:
             check_number("LossConfig.dual_clip", self.dual_clip, low=1.0, low_open=True)
         check_choice("LossConfig.importance_level", self.importance_level, IMPORTANCE_LEVELS)
         check_number("LossConfig.log_ratio_clip", self.log_ratio_clip, low=0.0, low_open=True)
+        if self.log_ratio_clip > _LOG_F32_MAX:  # exp(88.8) is inf in float32: the clamp would not keep the ratio finite
+            raise ValueError(f"LossConfig.log_ratio_clip must be <= {_LOG_F32_MAX:.4f} (log of float32's largest "
+                             f"value: exp of the clamped log-ratio must stay finite), got {self.log_ratio_clip!r}")
         check_choice("LossConfig.loss_agg", self.loss_agg, LOSS_AGGS)
         self._check_policy_term()
+        self._check_float32_range()
         mcl = self.max_completion_length
         if mcl is not None and (isinstance(mcl, bool) or not isinstance(mcl, int) or mcl < 1):
             raise ValueError(f"LossConfig.max_completion_length must be None or an int >= 1, got {mcl!r}")
@@ -202,6 +210,18 @@ class LossConfig:
                     f"LossConfig.prob_compensation_max={self.prob_compensation_max!r} is set but prob_compensation is "
                     f"None; expected prob_compensation in {PROB_COMPENSATIONS}"
                 )
+
+    def _check_float32_range(self) -> None:
+        """Every number field fits the float32 the loss computes in: a value beyond float32's largest (3.4e38) failed
+        at the first loss call, deep inside torch, and a nonzero one below its smallest normal (1.2e-38) was 0 there
+        (a SAPO temperature of 1e-300: an infinite loss)."""
+        for field in dataclasses.fields(self):
+            v = getattr(self, field.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if abs(v) > _F32_MAX or 0 < abs(v) < _F32_TINY:
+                raise ValueError(f"LossConfig.{field.name}={v!r} does not fit float32, the loss's compute dtype: "
+                                 f"expected 0 or a magnitude in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
 
     def _check_policy_term(self) -> None:
         """The policy term's own fields: in range, and set only for the term that reads them."""

@@ -101,7 +101,7 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
     threshold from the data), not a proven bound.
 
     Args:
-        rewards: ``[B]`` rewards (NaN ignored); group_size: G; vocab_size: |V| >= 2.
+        rewards: ``[B]`` rewards (NaN and +-inf ignored); group_size: G; vocab_size: |V| >= 2.
     """
     rewards = check_float_tensor("rewards", rewards)
     if rewards.dim() != 1:
@@ -109,7 +109,7 @@ def adaptive_entropy_threshold(rewards: Tensor, group_size: int, vocab_size: int
     g = check_group_size(group_size, rewards.shape[0], "rewards")
     _check_vocab_size(vocab_size)
     r = rewards.detach().to(torch.float64).reshape(-1, g)
-    valid = ~torch.isnan(r)
+    valid = torch.isfinite(r)  # an unscorable (NaN / +-inf) reward is left out, as group_advantages leaves it out
     r0 = torch.where(valid, r, torch.zeros_like(r))
     n = valid.sum(dim=1).to(r.dtype)
     mean = r0.sum(dim=1) / n.clamp(min=1)
@@ -200,19 +200,21 @@ def entropy_threshold(
         vals = mean_entropy[seq_valid & torch.isfinite(mean_entropy)]
         if vals.numel() == 0:
             return torch.tensor(math.inf, dtype=dt, device=dev)
-        return torch.quantile(vals, value)
+        if vals.dtype in (torch.float32, torch.float64):
+            return torch.quantile(vals, value)
+        return torch.quantile(vals.float(), value).to(dt)  # (torch.quantile takes float32 / float64 only)
     named = (("rewards", rewards), ("group_size", group_size), ("vocab_size", vocab_size))
     missing = [k for k, v in named if v is None]
     if missing:
         raise ValueError(f"entropy_filter={kind!r} needs the keyword argument(s) {missing} (reward variance, G, |V|)")
-    if kind == "adaptive":
-        return torch.tensor(adaptive_entropy_threshold(rewards, group_size, vocab_size), dtype=dt, device=dev)
     rewards = check_float_tensor("rewards", rewards)
-    if tuple(rewards.shape) != tuple(mean_entropy.shape):
+    if tuple(rewards.shape) != tuple(mean_entropy.shape):  # (adaptive too: another batch's rewards set no threshold)
         raise ValueError(f"rewards has shape {tuple(rewards.shape)}, expected {tuple(mean_entropy.shape)} ([B], one "
                          "reward per completion of the loss batch)")
     if rewards.device != dev:
         raise ValueError(f"rewards is on {rewards.device}, expected {dev} (the device of the loss inputs)")
+    if kind == "adaptive":
+        return torch.tensor(adaptive_entropy_threshold(rewards, group_size, vocab_size), dtype=dt, device=dev)
     return coverage_entropy_threshold(rewards, group_size, vocab_size).to(dt)
 
 
@@ -220,17 +222,19 @@ def top_entropy_mask(entropy: Tensor, active: Tensor, rho: float) -> Tensor:
     r"""Keep the top :math:`\lceil \rho n \rceil` of the n active tokens by entropy (ties at the cut are kept).
 
     Source: "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective RL" (arXiv 2506.01939), rho = 0.2;
-    verl/TRL ``top_entropy_quantile``. entropy, active: ``[B, T]``. Returns a bool ``[B, T]`` (False where inactive).
+    verl/TRL ``top_entropy_quantile``. entropy, active: ``[B, T]``. Returns a bool ``[B, T]`` (False where inactive,
+    and where the entropy is not finite: such a token is neither ranked nor kept).
     """
     _check_pair("top_entropy_mask", entropy, "active", active)
     if active.dtype != torch.bool:
         raise TypeError(f"top_entropy_mask: active must be a bool tensor, got dtype {active.dtype}")
     rho = check_number("rho", rho, low=0.0, low_open=True, high=1.0)
     h = entropy.detach()
-    vals = h[active]
+    ranked = active & torch.isfinite(h)  # a NaN / inf entropy (a diverged row) is dropped, not ranked: ranked first,
+    vals = h[ranked]  # it made the cut NaN and dropped every token, the loss a silent 0
     n = vals.numel()
     if n == 0:
-        return active.clone()
+        return ranked
     k = max(1, math.ceil(rho * n))
     cut = torch.topk(vals, k).values.min()
-    return active & (h >= cut)
+    return ranked & (h >= cut)

@@ -37,6 +37,11 @@ def metrics_to_floats(metrics: dict[str, Tensor]) -> dict[str, float]:
     in one device-to-host copy: call it once per optimizer step, not once per loss."""
     if not metrics:
         return {}
+    for key, v in metrics.items():  # (a bare float or a [T] tensor failed inside torch.stack, naming no key)
+        if not isinstance(v, Tensor) or v.numel() != 1:
+            got = f"shape {tuple(v.shape)}" if isinstance(v, Tensor) else f"{type(v).__name__} {v!r}"
+            raise TypeError(f"metrics_to_floats: metrics[{key!r}] is a {got}; expected a 0-d tensor (add Python "
+                            "numbers to the dict it returns instead)")
     values = torch.stack([v.detach().to(torch.float64).reshape(()) for v in metrics.values()]).tolist()
     out = dict(zip(metrics, values))
     frac = metrics.get("filtered_frac")

@@ -89,6 +89,11 @@ def step_norm(params: Iterable[Tensor], old: Iterable[Tensor], *, process_group=
     params, old = list(params), list(old)
     if len(params) != len(old):
         raise ValueError(f"step_norm: {len(params)} params but {len(old)} old values")
+    for i, (p, o) in enumerate(zip(params, old)):  # a broadcastable old (shape (1,)) gave a wrong norm, silently
+        local = _local(p)
+        if tuple(o.shape) != tuple(local.shape) or o.device != local.device:
+            raise ValueError(f"step_norm: old[{i}] has shape {tuple(o.shape)} on {o.device}, expected "
+                             f"{tuple(local.shape)} on {local.device} (params[{i}]'s local values, snapshot()'s)")
     if exact:
         norms = [torch.linalg.vector_norm(_local(p).detach().double() - o.double()) for p, o in zip(params, old)]
     else:
