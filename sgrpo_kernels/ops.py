@@ -40,6 +40,7 @@ from sgrpo_kernels.truncation import (
     logits_threshold,
 )
 from sgrpo_kernels.validation import (
+    MIN_TEMPERATURE,
     check_flag,
     check_global_vocab,
     check_linear_inputs,
@@ -204,7 +205,12 @@ def _fold_scale(head: HeadOptions) -> HeadOptions:
     """Without a nonlinear head, z = scale * logits / T = logits / (T / scale): exact, and every backend serves it."""
     if head.nonlinear_head:
         return head
-    return dataclasses.replace(head, temperature=head.temperature / head.logit_scale, logit_scale=1.0)
+    t = head.temperature / head.logit_scale
+    if t < MIN_TEMPERATURE:  # the same limit as a temperature given alone (1 / T overflowed float32: NaN rows)
+        raise ValueError(f"temperature / logit_scale = {head.temperature!r} / {head.logit_scale!r} = {t:.6g} must "
+                         f"be >= {MIN_TEMPERATURE:.8g} (float32's smallest normal number: the ops compute logits x "
+                         "logit_scale / temperature in float32)")
+    return dataclasses.replace(head, temperature=t, logit_scale=1.0)
 
 
 def _result(
@@ -355,6 +361,12 @@ def logprobs_from_logits(
     head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
+    if inplace_backward and torch._debug_has_internal_overlap(logits) == 1:  # (1: overlap for sure; 2: unknown)
+        raise ValueError(
+            f"inplace_backward=True needs a logits buffer whose elements are distinct, but logits (shape "
+            f"{tuple(logits.shape)}, stride {logits.stride()}) has overlapping elements (e.g. an expand()): the "
+            "gradient cannot be written into it; pass logits.contiguous() or inplace_backward=False"
+        )
     if inplace_backward and _aliases_grad_leaf(logits):
         raise ValueError(
             "inplace_backward=True would overwrite logits, which is (or is a view of) a leaf tensor that requires "

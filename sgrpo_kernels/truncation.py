@@ -65,8 +65,8 @@ class Sampling:
         kw = dict(device=ref.device)
 
         def full(v, default, dtype):
-            if isinstance(v, Tensor):
-                return v.to(dtype)
+            if isinstance(v, Tensor):  # a constant of the loss: the support carries no gradient (one that required
+                return v.detach().to(dtype)  # grad failed in backward: no autograd formula for the threshold op)
             return torch.full((n,), default if v is None else v, dtype=dtype, **kw)
 
         # a Python int k >= V keeps all (as V does): clamped, so that k beyond int64 (2**70) is not an OverflowError

@@ -81,6 +81,7 @@ def check_choice(name: str, x: object, choices: tuple[str, ...]) -> str:
 # 1 / temperature as a float32 scalar), where a smaller temperature is itself rounded (1e-45 is stored as 1.4e-45)
 # and 1 / temperature overflows to inf (NaN for every row). Such a temperature is greedy decoding for any sampler.
 MIN_TEMPERATURE = 2.0**-126
+_F32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 def check_temperature(temperature: object) -> float:
@@ -313,7 +314,12 @@ def check_logit_scale(logit_scale: object) -> float:
 
 def check_softcap(softcap: object) -> float:
     """linear_logprobs' `softcap`: None (no cap, returned as 0.0) or a finite number > 0."""
-    return 0.0 if softcap is None else _check_positive("softcap", softcap, "a finite number > 0 or None")
+    if softcap is None:
+        return 0.0
+    cap = _check_positive("softcap", softcap, "a finite number > 0 or None")
+    if cap > _F32_MAX:  # the kernels multiply by it in float32: inf, and NaN logits
+        raise ValueError(f"softcap must be <= {_F32_MAX:.8g} (float32's largest number), got {softcap!r}")
+    return cap
 
 
 def _check_positive(name: str, value: object, expected: str) -> float:

@@ -45,8 +45,9 @@ def _linear_logprobs_fwd_kernel(
     s = tl.zeros((BLOCK_M,), dtype=tl.float32)
     u = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if pid_s == 0:  # the target logit is computed once per row, by the first split
-        zy = target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tgt, D, stride_hn, stride_hd, stride_wv, stride_wd,
-                          stride_b, inv_temp, HAS_BIAS, BLOCK_M, BLOCK_D)
+        # an ignored row reads no weight row: its target may be any int64 (ignore_index = 10**9 read far past W)
+        zy = target_logit(h_ptr, w_ptr, b_ptr, rows, row_ok, tl.where(tgt == ignore_index, -1, tgt), D, stride_hn,
+                          stride_hd, stride_wv, stride_wd, stride_b, inv_temp, HAS_BIAS, BLOCK_M, BLOCK_D)
         if SOFTCAP:
             zy = softcap(zy, cap_in, cap_out)  # ignored rows: softcap(0) = 0
     else:

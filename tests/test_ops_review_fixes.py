@@ -1,0 +1,92 @@
+"""Defects an adversarial review of the ops' public API found (2026-11-30), each a test that failed before its fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_refused
+
+import sgrpo_kernels as sk
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_reads_no_weight_row_for_an_ignored_target_outside_the_vocabulary():
+    """An ignore_index >= 0 outside [0, V) (10**9) made the Triton forward load W[10**9] for the ignored row: the
+    interpreter segfaulted (exit 139); on CUDA an out-of-bounds read. In a child process, so that a regression fails
+    this test instead of killing the suite."""
+    code = textwrap.dedent("""
+        import torch, sgrpo_kernels as sk
+        torch.manual_seed(0)
+        h, w = torch.randn(4, 3, requires_grad=True), torch.randn(7, 3, requires_grad=True)
+        t = torch.tensor([1, 10**9, 3, 4])
+        got = sk.linear_logprobs(h, w, t, ignore_index=10**9, backend="triton")
+        want = sk.linear_logprobs(h, w, t, ignore_index=10**9, backend="torch")
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        g1 = torch.autograd.grad(got.logp.sum() + got.entropy.sum(), [h, w])
+        g2 = torch.autograd.grad(want.logp.sum() + want.entropy.sum(), [h, w])
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        print("ok", got.logp[1].item())
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SGRPO_TRITON_AUTOTUNE": "0",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok 0.0", (res.returncode, res.stdout, res.stderr[-2000:])
+
+
+def test_logit_scale_over_temperature_below_float32s_smallest_normal_is_refused():
+    """temperature / logit_scale was passed on unchecked: 1e-39 gave NaN rows on Triton, finite ones on torch (the same
+    value as `temperature=` alone is refused)."""
+    h, w, t = torch.randn(4, 3), torch.randn(7, 3), torch.tensor([0, 1, 2, 3])
+    assert_refused(lambda: sk.linear_logprobs(h, w, t, logit_scale=1e39), ValueError,
+                   ["temperature / logit_scale = 1.0 / 1e+39", "must be >= 1.1754944e-38"])  # fmt: skip
+    sk.linear_logprobs(h, w, t, logit_scale=1e30)  # 1e-30: still a normal float32
+
+
+def test_a_softcap_beyond_float32_is_refused():
+    """softcap = 1e39 multiplied by inf in float32: NaN logits (the cap is the identity there)."""
+    h, w, t = torch.randn(4, 3), torch.randn(7, 3), torch.tensor([0, 1, 2, 3])
+    assert_refused(lambda: sk.linear_logprobs(h, w, t, softcap=1e39), ValueError,
+                   ["softcap must be <= 3.4028235e+38", "1e+39"])  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["linear", "logits"])
+def test_a_per_row_sampler_tensor_that_requires_grad_is_a_constant(op):
+    """A top_p tensor with requires_grad failed in backward (no autograd formula for the threshold op), or with a
+    misleading 'saved no statistics' when no model input required grad."""
+    torch.manual_seed(0)
+    h, w, t = torch.randn(4, 3, requires_grad=True), torch.randn(7, 3), torch.tensor([0, 1, 2, 3])
+    top_p = torch.full((4,), 0.7, requires_grad=True)
+
+    def run(p, hidden):
+        if op == "linear":
+            return sk.linear_logprobs(hidden, w, t, top_p=p)
+        return sk.logprobs_from_logits(hidden @ w.T, t, top_p=p)
+
+    got, want = run(top_p, h), run(top_p.detach(), h)
+    g_got = torch.autograd.grad(got.logp.sum(), h)[0]
+    g_want = torch.autograd.grad(want.logp.sum(), h)[0]
+    assert torch.equal(got.logp, want.logp) and torch.equal(g_got, g_want)
+    assert top_p.grad is None
+    assert not run(top_p, h.detach()).logp.requires_grad  # no model input requires grad: nothing to backward through
+
+
+def test_inplace_backward_refuses_logits_whose_elements_overlap():
+    """Logits from .expand() (stride 0) were accepted; backward then failed deep in the backend naming nothing."""
+    hid = torch.randn(1, 3, requires_grad=True)
+    logits = (hid @ torch.randn(7, 3).T).expand(4, 7)
+    assert_refused(lambda: sk.logprobs_from_logits(logits, torch.tensor([0, 1, 2, 3]), inplace_backward=True),
+                   ValueError, ["inplace_backward=True", "stride (0, 1)", "overlapping", "inplace_backward=False"])
+    out = sk.logprobs_from_logits(logits, torch.tensor([0, 1, 2, 3]))  # without it: fine
+    out.logp.sum().backward()
+    assert hid.grad is not None and torch.isfinite(hid.grad).all()
