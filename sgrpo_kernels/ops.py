@@ -283,7 +283,8 @@ def linear_logprobs(
     """
     shard = process_group is not None
     check_linear_inputs(hidden, weight, targets, bias, shard=shard)
-    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, hidden.device)
+    full_vocab = None if shard else weight.shape[0]  # (sharded: the global vocabulary is known after shard_range)
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, hidden.device, full_vocab)
     head = _fold_scale(HeadOptions.from_kwargs("linear_logprobs", head_options))
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
@@ -297,7 +298,7 @@ def linear_logprobs(
             memory_budget=_budget(memory_budget),
         ),
     )
-    if sampling is not None:
+    if sampling is not None and not shard:  # (sharded: below, with the global vocabulary)
         sampling.refuse_if_unsupported("linear_logprobs", call.backend, shard)
     lead = targets.shape
     h2, t1 = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1).long()
@@ -306,6 +307,8 @@ def linear_logprobs(
         group = check_process_group(process_group, "linear_logprobs")
         offset, _, vocab = shard_range(weight.shape[0], group, hidden.device)
         check_global_vocab(vocab, "linear_logprobs")
+        if sampling is not None:
+            sampling.refuse_if_unsupported("linear_logprobs", call.backend, shard, vocab)
         if call.check_targets:
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LinearVP.apply(h2, weight, t1, bias, group, call.backend, call.opts, offset)
@@ -357,7 +360,8 @@ def logprobs_from_logits(
     """
     shard = process_group is not None
     check_logits_inputs(logits, targets, shard=shard)
-    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, logits.device)
+    full_vocab = None if shard else logits.shape[-1]
+    sampling = Sampling.from_args(top_k, top_p, min_p, targets.shape, logits.device, full_vocab)
     head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
@@ -383,7 +387,7 @@ def logprobs_from_logits(
             memory_budget=_budget(memory_budget), inplace_backward=inplace_backward,
         ),
     )
-    if sampling is not None:
+    if sampling is not None and not shard:  # (sharded: below, with the global vocabulary)
         sampling.refuse_if_unsupported("logprobs_from_logits", call.backend, shard)
     lead = targets.shape
     t1 = targets.reshape(-1).long()
@@ -395,6 +399,8 @@ def logprobs_from_logits(
         group = check_process_group(process_group, "logprobs_from_logits")
         offset, _, vocab = shard_range(logits.shape[-1], group, logits.device)
         check_global_vocab(vocab, "logprobs_from_logits")
+        if sampling is not None:
+            sampling.refuse_if_unsupported("logprobs_from_logits", call.backend, shard, vocab)
         if call.check_targets:
             check_target_values(t1, vocab, head.ignore_index)
         logp, entropy = LogitsVP.apply(l2, t1, group, call.backend, call.opts, offset)

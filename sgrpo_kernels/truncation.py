@@ -39,21 +39,32 @@ class Sampling:
     min_p: Tensor | float | None = None
 
     @classmethod
-    def from_args(cls, top_k: object, top_p: object, min_p: object, lead: torch.Size, device: torch.device
-                  ) -> Sampling | None:
-        """Validated settings, or None when none of them can cut a token (the ops then run exactly as without)."""
+    def from_args(cls, top_k: object, top_p: object, min_p: object, lead: torch.Size, device: torch.device,
+                  vocab: int | None = None) -> Sampling | None:
+        """Validated settings, or None when none of them can cut a token (the ops then run exactly as without).
+        `vocab`: the vocabulary size when the call sees all of it (not vocab-sharded): a Python int top_k >= vocab
+        keeps every token, as top_p = 1.0 does (it was refused where top_p = 1.0 ran)."""
         out = cls(check_top_k(top_k, lead, device), check_top_p(top_p, lead, device), check_min_p(min_p, lead, device))
-        def off(value: object, noop: float) -> bool:
-            return value is None or (not isinstance(value, Tensor) and value == noop)
+        return None if out.keeps_all(math.inf if vocab is None else vocab) else out
 
-        return None if off(out.top_k, math.inf) and off(out.top_p, 1.0) and off(out.min_p, 0.0) else out
+    def keeps_all(self, vocab: float) -> bool:
+        """Whether these settings cut no token of a `vocab`-token vocabulary: each off or a Python number that keeps
+        all (top_p = 1.0, min_p = 0.0, top_k >= vocab); a tensor counts as cutting."""
+
+        def off(value: object, keeps: bool) -> bool:
+            return value is None or (not isinstance(value, Tensor) and keeps)
+
+        return (off(self.top_k, self.top_k is not None and not isinstance(self.top_k, Tensor) and self.top_k >= vocab)
+                and off(self.top_p, self.top_p == 1.0) and off(self.min_p, self.min_p == 0.0))  # fmt: skip
 
     def named(self) -> str:
         return ", ".join(f"{n}={getattr(self, n)!r}" if not isinstance(getattr(self, n), Tensor) else f"{n}=<tensor>"
                          for n in SAMPLER_OPTIONS if getattr(self, n) is not None)
 
-    def refuse_if_unsupported(self, op: str, backend: str, sharded: bool) -> None:
-        if sharded:
+    def refuse_if_unsupported(self, op: str, backend: str, sharded: bool, vocab: int | None = None) -> None:
+        """Refuse settings the call cannot apply; a sharded call passes its global `vocab` (known after shard_range):
+        a top_k >= vocab cuts nothing and passes."""
+        if sharded and not (vocab is not None and self.keeps_all(vocab)):
             raise ValueError(f"{op}: {self.named()} (sampler support) is not supported with process_group "
                              "(vocab-sharded) yet")
         if not applies_threshold(backend):

@@ -90,3 +90,39 @@ def test_inplace_backward_refuses_logits_whose_elements_overlap():
     out = sk.logprobs_from_logits(logits, torch.tensor([0, 1, 2, 3]))  # without it: fine
     out.logp.sum().backward()
     assert hid.grad is not None and torch.isfinite(hid.grad).all()
+
+
+@pytest.mark.parametrize("op", ["linear", "logits"])
+def test_a_python_int_top_k_of_at_least_v_runs_the_full_op(op, monkeypatch):
+    """docs/ops.md: top_k >= V cuts nothing and runs exactly the full op. It went through the support search (an
+    extra pass) and was refused under process_group, where top_p = 1.0 ran."""
+    import sgrpo_kernels.ops as ops
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the support search ran for a top_k that cuts nothing")
+
+    monkeypatch.setattr(ops, "linear_threshold", no_search)
+    monkeypatch.setattr(ops, "logits_threshold", no_search)
+    torch.manual_seed(0)
+    h, w, t = torch.randn(4, 3), torch.randn(7, 3), torch.tensor([0, 1, 2, 3])
+    for k in (7, 8, 2**70):
+        if op == "linear":
+            got, want = sk.linear_logprobs(h, w, t, top_k=k), sk.linear_logprobs(h, w, t)
+        else:
+            got, want = sk.logprobs_from_logits(h @ w.T, t, top_k=k), sk.logprobs_from_logits(h @ w.T, t)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(AssertionError, match="support search ran"):  # top_k = V - 1 cuts: it searches
+        sk.linear_logprobs(h, w, t, top_k=6) if op == "linear" else sk.logprobs_from_logits(h @ w.T, t, top_k=6)
+
+
+def test_under_process_group_a_top_k_that_cuts_nothing_passes_and_one_that_cuts_is_refused():
+    """The sharded call checks the settings against the global vocabulary (known after shard_range)."""
+    from sgrpo_kernels.truncation import Sampling
+
+    lead, dev = torch.Size([4]), torch.device("cpu")
+    for k in (7, 2**70):
+        Sampling.from_args(k, None, None, lead, dev).refuse_if_unsupported("op", "torch", True, vocab=7)
+    for sampling in (Sampling.from_args(6, None, None, lead, dev), Sampling.from_args(7, 0.9, None, lead, dev),
+                     Sampling.from_args(torch.full((4,), 7), None, None, lead, dev)):  # fmt: skip
+        assert_refused(lambda s=sampling: s.refuse_if_unsupported("op", "torch", True, vocab=7), ValueError,
+                       ["op:", "not supported with process_group"])  # fmt: skip
