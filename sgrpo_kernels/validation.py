@@ -85,8 +85,8 @@ _F32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 
 
 def check_temperature(temperature: object) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a Python float, got {type(temperature).__name__}")
+    if not _real(temperature):
+        raise TypeError(f"temperature must be a real number (Python or numpy), got {type(temperature).__name__}")
     t = float(temperature)
     if not math.isfinite(t) or t <= 0.0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
@@ -97,8 +97,9 @@ def check_temperature(temperature: object) -> float:
 
 
 def check_ignore_index(ignore_index: object) -> int:
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be a Python int, got {type(ignore_index).__name__}")
+    ignore_index = int(ignore_index)  # (a numpy int64 from a tokenizer's config is an int here)
     if not _INT64[0] <= ignore_index <= _INT64[1]:
         raise ValueError(f"ignore_index must fit in int64 (targets are int64), got {ignore_index}")
     return ignore_index
@@ -323,9 +324,15 @@ def check_softcap(softcap: object) -> float:
 
 
 def _check_positive(name: str, value: object, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if not _real(value) or not math.isfinite(value) or value <= 0:  # (numpy float32 2.0 was "must be > 0")
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return float(value)
+
+
+def _real(x: object) -> bool:
+    """A real number the ops take as a Python float: int, float or a numpy scalar of either (numbers.Real), not a
+    bool (nor numpy's, which numbers.Real does not include)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 # ------------------------------------------------------------------------------ the sampler's top_k, top_p, min_p
@@ -390,7 +397,7 @@ def _check_probability(name: str, value: object, lead: torch.Size, device: torch
         return None
     if isinstance(value, Tensor):
         return _sampler_tensor(name, value, lead, device, integer=False)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _real(value):
         raise TypeError(f"{name} must be None, a Python float {accepted} or a floating tensor, got "
                         f"{type(value).__name__} {value!r}")
     v = float(value)

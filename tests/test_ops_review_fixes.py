@@ -126,3 +126,17 @@ def test_under_process_group_a_top_k_that_cuts_nothing_passes_and_one_that_cuts_
                      Sampling.from_args(torch.full((4,), 7), None, None, lead, dev)):  # fmt: skip
         assert_refused(lambda s=sampling: s.refuse_if_unsupported("op", "torch", True, vocab=7), ValueError,
                        ["op:", "not supported with process_group"])  # fmt: skip
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_are():
+    """numpy float32 2.0 was refused as 'logit_scale must be a finite number > 0'; float32 temperatures and top_p, and
+    an int64 ignore_index, were TypeErrors, while np.float64 and an int64 top_k were accepted."""
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    h, w, t = torch.randn(4, 3), torch.randn(7, 3), torch.tensor([0, 1, 2, 3])
+    for name, value, plain in (("logit_scale", np.float32(2.0), 2.0), ("softcap", np.float32(30.0), 30.0),
+                               ("temperature", np.float32(0.5), 0.5), ("ignore_index", np.int64(2), 2),
+                               ("top_p", np.float32(0.5), 0.5)):  # fmt: skip
+        got, want = sk.linear_logprobs(h, w, t, **{name: value}), sk.linear_logprobs(h, w, t, **{name: plain})
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), name
+    assert_refused(lambda: sk.linear_logprobs(h, w, t, temperature=np.bool_(True)), TypeError, "temperature")
