@@ -242,6 +242,25 @@ def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
     assert "rank 1 stopped answering" in log and "--dist-timeout-s 5" in log, log[-3000:]
 
 
+def test_a_rank_that_never_joins_fails_init_naming_the_flag():
+    """A job whose rank 1 does not start within --dist-timeout-s failed at init_process_group with torch's
+    DistStoreError traceback, naming no flag; now the trainer's PeerTimeout says what to raise."""
+    code = textwrap.dedent("""
+        from train.distributed import PeerTimeout, from_env
+        try:
+            from_env("cpu", 2.0)
+        except PeerTimeout as exc:
+            print("PeerTimeout:", exc)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.strip()
+    assert out.startswith("PeerTimeout: rank 0: the job's 2 processes did not all join within --dist-timeout-s 2"), out
+    assert "raise --dist-timeout-s" in out, out
+
+
 def test_prompts_must_split_into_whole_groups(monkeypatch, tmp_path):
     from train import loop
     from train.distributed import Dist

@@ -195,7 +195,14 @@ def from_env(device: str, timeout_s: float = 300.0) -> Dist:
     owns = not dist.is_initialized()
     if owns:
         timeout = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+        try:
+            dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timeout)
+        except (RuntimeError, ValueError) as exc:  # DistStoreError is a RuntimeError: torch's traceback named no flag
+            if not is_timeout(exc):
+                raise
+            raise PeerTimeout(f"rank {rank}: the job's {world} processes did not all join within --dist-timeout-s "
+                              f"{timeout_s:g} (it is also init_process_group's timeout): a rank failed to start, or "
+                              "started late on a busy machine; raise --dist-timeout-s") from exc
     beat = Heartbeat(rank, world, timeout_s)
     return Dist(rank=rank, world=world, local_rank=local_rank, owns_group=owns, timeout_s=timeout_s, heartbeat=beat)
 
