@@ -232,12 +232,17 @@ def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
         sys.exit(main(sys.argv[1:]))
     """)
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(probe), *_train_args(tmp_path / "run"), "--max-steps", "3",
-           "--kl-every", "0", "--eval-k", "0", "--dist-timeout-s", "5"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    log = res.stdout + res.stderr
+    for attempt in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), str(probe), *_train_args(tmp_path / f"run{attempt}"), "--max-steps",
+               "3", "--kl-every", "0", "--eval-k", "0", "--dist-timeout-s", "5"]  # fmt: skip
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        log = res.stdout + res.stderr
+        # on a loaded machine rank 1 can start > 5 s after rank 0, and init_process_group (same timeout) fails before
+        # the stop this test is about: that failure names the flag too (test_a_rank_that_never_joins_...); once more
+        if "did not all join within --dist-timeout-s 5" not in log:
+            break
     assert res.returncode != 0, log[-3000:]
     assert "rank 1 stopped answering" in log and "--dist-timeout-s 5" in log, log[-3000:]
 
