@@ -51,11 +51,11 @@ class Sampling:
         """Whether these settings cut no token of a `vocab`-token vocabulary: each off or a Python number that keeps
         all (top_p = 1.0, min_p = 0.0, top_k >= vocab); a tensor counts as cutting."""
 
-        def off(value: object, keeps: bool) -> bool:
-            return value is None or (not isinstance(value, Tensor) and keeps)
+        def off(value: object, keeps_all) -> bool:
+            return value is None or (not isinstance(value, Tensor) and keeps_all(value))
 
-        return (off(self.top_k, self.top_k is not None and not isinstance(self.top_k, Tensor) and self.top_k >= vocab)
-                and off(self.top_p, self.top_p == 1.0) and off(self.min_p, self.min_p == 0.0))  # fmt: skip
+        return (off(self.top_k, lambda k: k >= vocab) and off(self.top_p, lambda p: p == 1.0)
+                and off(self.min_p, lambda p: p == 0.0))
 
     def named(self) -> str:
         return ", ".join(f"{n}={getattr(self, n)!r}" if not isinstance(getattr(self, n), Tensor) else f"{n}=<tensor>"

@@ -81,7 +81,7 @@ def check_choice(name: str, x: object, choices: tuple[str, ...]) -> str:
 # 1 / temperature as a float32 scalar), where a smaller temperature is itself rounded (1e-45 is stored as 1.4e-45)
 # and 1 / temperature overflows to inf (NaN for every row). Such a temperature is greedy decoding for any sampler.
 MIN_TEMPERATURE = 2.0**-126
-_F32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+F32_MAX, F32_TINY = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny  # (LossConfig's too)
 
 
 def check_temperature(temperature: object) -> float:
@@ -318,8 +318,8 @@ def check_softcap(softcap: object) -> float:
     if softcap is None:
         return 0.0
     cap = _check_positive("softcap", softcap, "a finite number > 0 or None")
-    if cap > _F32_MAX:  # the kernels multiply by it in float32: inf, and NaN logits
-        raise ValueError(f"softcap must be <= {_F32_MAX:.8g} (float32's largest number), got {softcap!r}")
+    if cap > F32_MAX:  # the kernels multiply by it in float32: inf, and NaN logits
+        raise ValueError(f"softcap must be <= {F32_MAX:.8g} (float32's largest number), got {softcap!r}")
     return cap
 
 

@@ -8,17 +8,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from sgrpo_kernels.rl.advantages import ADVANTAGE_METHODS, check_advantage_options, group_advantages
 from sgrpo_kernels.rl.conflicts import COMBINE_MODES, CONFLICT_DETECTS, CONFLICT_STRATEGIES, conflict_weights
 from sgrpo_kernels.rl.entropy import parse_entropy_filter
 from sgrpo_kernels.rl.field_losses import POLICY_TERMS, TERM_FIELDS
-from sgrpo_kernels.validation import check_choice, check_number
+from sgrpo_kernels.validation import F32_MAX, F32_TINY, check_choice, check_number
 
-_F32_MAX, _F32_TINY = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
-_LOG_F32_MAX = math.log(_F32_MAX)
+_LOG_F32_MAX = math.log(F32_MAX)
 
 __all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "POLICY_TERMS", "LossConfig"]
 
@@ -219,9 +217,9 @@ class LossConfig:
             v = getattr(self, field.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            if abs(v) > _F32_MAX or 0 < abs(v) < _F32_TINY:
+            if abs(v) > F32_MAX or 0 < abs(v) < F32_TINY:
                 raise ValueError(f"LossConfig.{field.name}={v!r} does not fit float32, the loss's compute dtype: "
-                                 f"expected 0 or a magnitude in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
+                                 f"expected 0 or a magnitude in [{F32_TINY:.3g}, {F32_MAX:.3g}]")
 
     def _check_policy_term(self) -> None:
         """The policy term's own fields: in range, and set only for the term that reads them."""
