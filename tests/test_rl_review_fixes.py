@@ -97,3 +97,64 @@ def test_prepare_groups_names_rewards_that_do_not_match_the_completions():
                        ["prepare_groups: rewards has shape (8,), expected (4,)"])  # fmt: skip
     assert_refused(lambda: rl.prepare_groups(rl.preset("grpo"), torch.ones(4), "ids", mask, 2), TypeError,
                    ["completion_ids must be a [B, T] tensor"])  # fmt: skip
+
+
+def _fused_inputs():
+    h, w = torch.randn(2, 3, 4, requires_grad=True), torch.randn(8, 4, requires_grad=True)
+    return h, w, torch.randint(0, 8, (2, 3))
+
+
+@pytest.mark.parametrize(
+    ("config", "extra", "words"),
+    [
+        ("dapo", dict(advantages=torch.ones(1)), ["advantages has shape (1,)", "B from hidden"]),
+        ("dapo", dict(old_logp=torch.zeros(2, 4)), ["old_logp has shape (2, 4)", "[B, T] of hidden"]),
+        ("dapo", dict(token_weights=torch.ones(2, 3, dtype=torch.long)), ["token_weights must be a floating"]),
+        ("grpo", dict(), ["ref_logp [B, T] is required"]),  # grpo's beta > 0
+    ],
+)
+def test_sgrpo_loss_refuses_bad_loss_inputs_before_its_lm_head_forward(config, extra, words, monkeypatch):
+    """They were refused by policy_loss, after the LM head's forward had run (a whole [N, V] pass for nothing), and
+    named logp, which the caller of sgrpo_loss never passed."""
+    import sgrpo_kernels.rl.fused as fused
+
+    calls = []
+    monkeypatch.setattr(fused, "linear_logprobs", lambda *a, **k: calls.append(1))
+    h, w, y = _fused_inputs()
+    kw = dict(advantages=torch.tensor([1.0, -1.0])) | extra
+    assert_refused(lambda: fused.sgrpo_loss(h, w, y, mask=torch.ones(2, 3), config=rl.preset(config), **kw),
+                   (ValueError, TypeError), words)  # fmt: skip
+    assert calls == []
+
+
+def test_sgrpo_loss_checks_a_float_mask_once(monkeypatch):
+    """docs/rl.md: a float mask's check costs one host sync; sgrpo_loss checked it, then policy_loss checked the masked
+    copy again (two syncs)."""
+    import sgrpo_kernels.rl.fused as fused
+    import sgrpo_kernels.rl.loss as loss
+
+    checked = []
+    for module in (fused, loss):
+        real = module.check_mask
+        monkeypatch.setattr(module, "check_mask", lambda name, x, *a, _r=real, **k: (checked.append(name), _r(name, x, *a, **k))[1])
+    h, w, y = _fused_inputs()
+    got, _ = fused.sgrpo_loss(h, w, y, torch.tensor([1.0, -1.0]), torch.full((2, 3), 0.5), rl.preset("dapo"))
+    got.backward()
+    assert checked == ["mask"]
+    ref, _ = rl.policy_loss(*_logp_of(h, w, y), torch.tensor([1.0, -1.0]), torch.full((2, 3), 0.5), rl.preset("dapo"))
+    torch.testing.assert_close(got, ref)
+
+
+def _logp_of(h, w, y):
+    return (torch.log_softmax(h.detach() @ w.detach().T, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1),)
+
+
+def test_sgrpo_loss_checks_what_on_logp_returns():
+    """on_logp's inputs are checked against hidden after the forward, the given ones kept (ref_logp not returned)."""
+    h, w, y = _fused_inputs()
+    cfg = rl.preset("grpo")
+    kw = dict(advantages=torch.tensor([1.0, -1.0]), mask=torch.ones(2, 3), config=cfg, ref_logp=torch.zeros(2, 3))
+    loss, _ = rl.sgrpo_loss(h, w, y, **kw, on_logp=lambda lp: {"old_logp": lp})
+    assert torch.isfinite(loss)
+    assert_refused(lambda: rl.sgrpo_loss(h, w, y, **kw, on_logp=lambda lp: {"old_logp": lp[:, :2]}),
+                   ValueError, ["old_logp has shape (2, 2)", "[B, T] of hidden"])  # fmt: skip

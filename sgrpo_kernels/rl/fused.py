@@ -9,8 +9,9 @@ from torch import Tensor
 
 from sgrpo_kernels.backends.contract import HeadOptions
 from sgrpo_kernels.ops import linear_logprobs
+from sgrpo_kernels.rl.checks import check_loss_inputs
 from sgrpo_kernels.rl.config import LossConfig
-from sgrpo_kernels.rl.loss import policy_loss
+from sgrpo_kernels.rl.loss import checked_policy_loss
 from sgrpo_kernels.validation import check_flag, check_float_tensor, check_int_tensor, check_mask, check_rank
 from sgrpo_kernels.vocab_parallel import shard_range
 
@@ -100,6 +101,9 @@ def sgrpo_loss(
     mask = check_mask("mask", mask, (b, t), " (the [B, T] of hidden)")
     if mask.device != hidden.device:
         raise ValueError(f"mask is on {mask.device}, expected {hidden.device} (the device of hidden)")
+    inputs = dict(old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights, conflict_counts=conflict_counts,
+                  sampler_logp=sampler_logp)
+    advantages = check_loss_inputs(config, advantages, hidden, "hidden", **inputs, op_outputs=False)  # before the head
     need_entropy = config.needs_entropy
     if compute_entropy is None:
         compute_entropy = need_entropy
@@ -129,12 +133,13 @@ def sgrpo_loss(
     vocab = int(weight.shape[0])
     if process_group is not None:  # the global vocabulary (the adaptive entropy threshold uses ln V)
         vocab = shard_range(vocab, process_group, hidden.device)[2]
-    inputs = dict(old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights, conflict_counts=conflict_counts,
-                  rewards=rewards, group_size=group_size, sampler_logp=sampler_logp)
+    inputs |= dict(rewards=rewards, group_size=group_size)
     if on_logp is not None:
         inputs.update(_inputs_from_logp(on_logp, out.logp.detach(), inputs))
-    return policy_loss(out.logp, advantages, eff_mask, config, entropy=out.entropy, vocab_size=vocab,
-                       max_logprob=out.max_logprob, generator=generator, **inputs)
+        tensors = {k: v for k, v in inputs.items() if k not in ("rewards", "group_size")}
+        check_loss_inputs(config, advantages, hidden, "hidden", **tensors, op_outputs=False)
+    return checked_policy_loss(out.logp, advantages, eff_mask, config, entropy=out.entropy, vocab_size=vocab,
+                               max_logprob=out.max_logprob, generator=generator, **inputs)
 
 
 def _inputs_from_logp(on_logp: Callable, logp: Tensor, inputs: dict) -> Mapping[str, object]:

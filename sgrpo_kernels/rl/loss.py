@@ -23,11 +23,12 @@ import torch
 from torch import Tensor
 
 from sgrpo_kernels.backends.contract import stats_dtype
+from sgrpo_kernels.rl.checks import check_loss_inputs
 from sgrpo_kernels.rl.config import IMPORTANCE_LEVELS, LOSS_AGGS, LossConfig
 from sgrpo_kernels.rl.entropy import completion_entropy, entropy_threshold, top_entropy_mask
 from sgrpo_kernels.rl.field_losses import field_term
 from sgrpo_kernels.rl.sampler_is import off_policy_sequence_mask
-from sgrpo_kernels.validation import check_float_tensor, check_mask, check_rank, check_same_device, check_tensor
+from sgrpo_kernels.validation import check_float_tensor, check_mask, check_rank, check_same_device
 
 __all__ = ["IMPORTANCE_LEVELS", "LOSS_AGGS", "LossConfig", "metrics_to_floats", "policy_loss"]
 
@@ -228,37 +229,6 @@ def _entropy_band_penalty(config: LossConfig, x: _Batch, active: Tensor) -> Tens
 # --------------------------------------------------------------------------------------------------- the loss
 
 
-def _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights, conflict_counts,
-                  max_logprob=None, sampler_logp=None):
-    if not isinstance(config, LossConfig):
-        raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
-    logp = check_float_tensor("logp", logp)
-    check_rank("logp", logp, 2, "[B, T]")
-    b, t = logp.shape
-    adv = check_float_tensor("advantages", advantages, (b,), " ([B], B from logp)")
-    check_same_device("advantages", adv, logp, "logp")
-    mask = check_mask("mask", mask, (b, t), " (the shape of logp)")
-    check_same_device("mask", mask, logp, "logp")
-    for name, x in (("entropy", entropy), ("old_logp", old_logp), ("ref_logp", ref_logp),
-                    ("token_weights", token_weights), ("max_logprob", max_logprob), ("sampler_logp", sampler_logp)):
-        if x is not None:
-            check_same_device(name, check_float_tensor(name, x, (b, t), " (the shape of logp)"), logp, "logp")
-    if entropy is None and config.needs_entropy:
-        raise ValueError(f"entropy [B, T] is required by this config ({config.name!r}: entropy terms or filters)")
-    if ref_logp is None and config.needs_ref:
-        raise ValueError(f"ref_logp [B, T] is required when config.beta > 0 (beta = {config.beta})")
-    if max_logprob is None and config.needs_max_logprob:
-        raise ValueError(
-            f"max_logprob [B, T] is required when config.prob_compensation is set ({config.prob_compensation!r}): "
-            "linear_logprobs(..., return_max_logprob=True) gives it"
-        )
-    if conflict_counts is not None:
-        check_tensor("conflict_counts", conflict_counts)
-        if tuple(conflict_counts.shape) != (b,):
-            raise ValueError(f"conflict_counts has shape {tuple(conflict_counts.shape)}, expected ({b},)")
-    return logp, adv, mask
-
-
 def policy_loss(
     logp: Tensor,
     advantages: Tensor,
@@ -324,8 +294,24 @@ def policy_loss(
         with a ``policy_term`` other than ``"ppo"``, ``policy_term_frac`` (active tokens the term masked, clipped or
         selected); with ``off_policy_mask_threshold``, ``off_policy_masked_frac`` (non-empty completions dropped).
     """
-    logp, adv, mask = _check_inputs(logp, advantages, mask, config, entropy, old_logp, ref_logp, token_weights,
-                                    conflict_counts, max_logprob, sampler_logp)
+    if not isinstance(config, LossConfig):
+        raise TypeError(f"config must be a LossConfig (see sgrpo_kernels.rl.preset), got {type(config).__name__}")
+    logp = check_float_tensor("logp", logp)
+    check_rank("logp", logp, 2, "[B, T]")
+    mask = check_mask("mask", mask, tuple(logp.shape), " (the [B, T] of logp)")
+    check_same_device("mask", mask, logp, "logp")
+    adv = check_loss_inputs(config, advantages, logp, "logp", entropy=entropy, old_logp=old_logp, ref_logp=ref_logp,
+                            token_weights=token_weights, conflict_counts=conflict_counts, max_logprob=max_logprob,
+                            sampler_logp=sampler_logp)
+    return checked_policy_loss(logp, adv, mask, config, entropy=entropy, old_logp=old_logp, ref_logp=ref_logp,
+                               token_weights=token_weights, conflict_counts=conflict_counts, rewards=rewards,
+                               group_size=group_size, vocab_size=vocab_size, max_logprob=max_logprob,
+                               sampler_logp=sampler_logp, generator=generator)
+
+
+def checked_policy_loss(logp, adv, mask, config, *, entropy, old_logp, ref_logp, token_weights, conflict_counts,
+                        rewards, group_size, vocab_size, max_logprob, sampler_logp, generator):
+    """`policy_loss` on inputs already checked (`check_loss_inputs` and the mask's check: one host sync at most)."""
     x = _sanitize(logp, entropy, mask)
     adv, keep, thr = _shape_advantages(config, x, adv.detach().to(x.m.dtype), rewards, group_size, vocab_size)
     opm = None
