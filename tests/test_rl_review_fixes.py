@@ -136,7 +136,12 @@ def test_sgrpo_loss_checks_a_float_mask_once(monkeypatch):
     checked = []
     for module in (fused, loss):
         real = module.check_mask
-        monkeypatch.setattr(module, "check_mask", lambda name, x, *a, _r=real, **k: (checked.append(name), _r(name, x, *a, **k))[1])
+
+        def counted(name, x, *a, _real=real, **k):
+            checked.append(name)
+            return _real(name, x, *a, **k)
+
+        monkeypatch.setattr(module, "check_mask", counted)
     h, w, y = _fused_inputs()
     got, _ = fused.sgrpo_loss(h, w, y, torch.tensor([1.0, -1.0]), torch.full((2, 3), 0.5), rl.preset("dapo"))
     got.backward()
