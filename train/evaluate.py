@@ -70,7 +70,8 @@ def evaluate(
                 "eval_acc_se": math.sqrt(acc * (1 - acc) / len(problems)) if problems else math.nan,
                 "eval_n": len(problems),
                 "eval_samples": [
-                    {"q": p.question, "answer": p.answer, "greedy": t} for p, t in zip(problems[:5], greedy[:5])
+                    {"q": p.question, "answer": _plain(p.answer), "greedy": t}
+                    for p, t in zip(problems[:5], greedy[:5])
                 ],
             }
             if k > 0:
@@ -217,3 +218,9 @@ def heldout_lines(problems: list, outcomes: dict | None) -> list[dict]:
 def write_heldout(path: Path, problems: list, outcomes: dict | None) -> None:
     """OUTPUT_DIR/heldout.jsonl (`heldout_lines`), atomically: a temporary file renamed over it."""
     write_text_atomic(path, "".join(dumps(line) + "\n" for line in heldout_lines(problems, outcomes)))
+
+
+def _plain(answer):
+    """A task's answer as plain data: its text for the str subclasses that carry a grader (RowAnswer, MathAnswer,
+    CodeTests), which a checkpoint read with weights_only=True could not hold; other answers as they are."""
+    return str(answer) if isinstance(answer, str) else answer

@@ -160,7 +160,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": rngs,
-        "loop": {k: loop[k] for k in LOOP_KEYS + OPTIONAL_LOOP_KEYS if k in loop},
+        "loop": _plain({k: loop[k] for k in LOOP_KEYS + OPTIONAL_LOOP_KEYS if k in loop}),
         "config": dataclasses.asdict(cfg),
         "loss_config": dataclasses.asdict(loss_cfg),
         "features": features,
@@ -171,6 +171,16 @@ def save_checkpoint(
     Path(directory).mkdir(parents=True, exist_ok=True)
     atomic_save(payload, file)
     return file
+
+
+def _plain(obj):
+    """`obj` with every str subclass in it (a task's answer type) as a plain str: torch.load(weights_only=True) reads
+    containers of builtin values back, and refuses (never runs) anything else."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_plain(v) for v in obj)
+    return str(obj) if isinstance(obj, str) and type(obj) is not str else obj
 
 
 def read_checkpoint(file: Path) -> dict:
