@@ -236,7 +236,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     values = {f.name: f.default for f in fields(TrainConfig)} | RUN_PRESETS[preset]
     values |= (file.values if file is not None else {}) | typed
     overrides = dict(file.loss_overrides) if file is not None else {}
-    overrides |= {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
+    flagged = {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
+    overrides |= flagged
     try:
         cfg = TrainConfig(**values)
     except ConfigError as exc:
@@ -255,7 +256,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     try:
         cfg.loss_config(overrides)  # the --loss.FIELD values, with the RL layer's messages
     except (TypeError, ValueError) as exc:
-        named = [k for k in overrides if f"LossConfig.{k}" in str(exc)]
-        flags = "/".join(f"--loss.{k}" for k in named) or "--loss." + "/--loss.".join(overrides)
-        parser.error(f"argument {flags}: {exc}")
+        head = str(exc).split("expected", 1)[0]  # (an unknown field's message goes on with every known name)
+        named = [k for k in overrides if f"LossConfig.{k}" in head or repr(k) in head] or list(overrides)
+        if file is not None and not any(k in flagged for k in named):  # the file's loss.FIELD keys: name them
+            parser.error(f"--config {file.path}: key(s) {', '.join(f'loss.{k}' for k in named)}: {exc}")
+        parser.error(f"argument {'/'.join(f'--loss.{k}' for k in named)}: {exc}")
     return cfg, overrides

@@ -194,13 +194,19 @@ def _parse_text(path: Path) -> object:
 
 def _field_value(name: str, value, where: str):
     """A file's value for field `name`, checked as the flag's: text is parsed exactly as the flag parses it (YAML reads
-    `5e-5` as text), an integer is accepted for a number."""
+    `5e-5` as text), an integer is accepted for a number, a number for a text field is its text (`difficulty: 3`),
+    and 0 / 1 for a boolean field are false / true (the flag's 1/0)."""
     spec = field_specs(TrainConfig)[name]
     if not isinstance(value, str | int | float | bool | None):  # a list, a mapping, a date: never a field's value
         raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}")
     if isinstance(value, bool) and spec.kind is str:  # `use_vllm: off`: YAML 1.1 reads yes/no/on/off as booleans
         raise ConfigFileError(f"{where}: key {name!r}: {_show(value)} refused: expected {spec.expected()}; an unquoted "
                               f"on/off/yes/no is a boolean in YAML: quote the text ({name}: 'off')")  # fmt: skip
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if spec.kind is str:  # `difficulty: 3`: YAML and JSON read the number the flag gets as text
+            value = str(value)
+        elif spec.kind is bool and isinstance(value, int) and value in (0, 1):  # `progress: 1`: the flag's 1/0
+            value = bool(value)
     try:
         if isinstance(value, str) and spec.kind is not str:
             return parse_flag_text(name, value)

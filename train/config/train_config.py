@@ -56,7 +56,7 @@ def _model(name: str) -> None:
 
 
 def _data_file(path: str) -> None:
-    if not Path(path).is_file():
+    if not Path(path).expanduser().is_file():
         raise ValueError(f"data_path={path!r}: no such file")
 
 
@@ -284,6 +284,8 @@ class TrainConfig:
     save_model: bool = option(True, "write OUTPUT_DIR/model/, a Hugging Face folder of the trained policy, at the end")
 
     def __post_init__(self) -> None:
+        if isinstance(self.data_path, str) and self.data_path.startswith("~"):  # as `model` and a shell expand it
+            self.data_path = str(Path(self.data_path).expanduser())
         for f in fields(self):
             check_field(f.name, getattr(self, f.name), type(self))
         if self.task == "jsonl" and self.data_path is None:  # (gsm8k and math can fetch theirs)
