@@ -56,7 +56,8 @@ def test_an_unknown_loss_key_of_a_file_is_named_as_the_files_key(tmp_path, capsy
 def test_a_data_path_under_the_home_folder_is_expanded(tmp_path, monkeypatch, capsys):
     """'data_path: ~/d.jsonl' was refused as 'no such file' while the file existed (`model` expands ~)."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "d.jsonl").write_text('{"question": "1 + 1 =", "answer": "2"}\n{"question": "2 + 2 =", "answer": "4"}\n')
+    rows = '{"question": "1 + 1 =", "answer": "2"}\n{"question": "2 + 2 =", "answer": "4"}\n'
+    (tmp_path / "d.jsonl").write_text(rows)
     f = tmp_path / "c.yaml"
     f.write_text("task: jsonl\ndata_path: ~/d.jsonl\n")
     cfg, _ = parse_args(["--config", str(f)])

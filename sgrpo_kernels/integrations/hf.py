@@ -1,6 +1,7 @@
 """The LM head of a Hugging Face causal LM, found once for every caller (the bundled trainer, the TRL integration):
 its weight and bias through PEFT and DDP wrappers and tied embeddings, and the head options some models apply to
-their logits (Cohere's `logit_scale`, Granite's `logits_scaling`, Gemma 2/3's `final_logit_softcapping`)."""
+their logits (Cohere's `logit_scale`, Falcon-H1's `lm_head_multiplier`, Granite's `logits_scaling`, Gemma 2/3's
+`final_logit_softcapping`), read from the text model's config (a multimodal model keeps them in `text_config`)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ class LMHead:
 
     weight: Tensor  # [V, D] (a DTensor's full tensor under FSDP2)
     bias: Tensor | None
-    scale: float = 1.0  # multiplies the logits (Cohere logit_scale; 1 / logits_scaling for Granite)
-    softcap: float | None = None  # Gemma 2/3 final_logit_softcapping
+    scale: float = 1.0  # multiplies the logits (`head_scale`)
+    softcap: float | None = None  # Gemma 2/3/3n/4 final_logit_softcapping
 
     def options(self) -> dict:
         """The keywords of `linear_logprobs` / `sgrpo_loss` that apply this head: `bias`, and the model's fields of
@@ -49,9 +50,22 @@ def lm_head(model) -> LMHead:
         weight = weight.full_tensor()
         bias = bias.full_tensor() if bias is not None and hasattr(bias, "full_tensor") else bias
     cfg = getattr(base, "config", None)
-    scale = float(getattr(cfg, "logit_scale", None) or 1.0)
-    scaling = getattr(cfg, "logits_scaling", None)  # Granite divides its logits by this
-    if scaling:
-        scale /= float(scaling)
+    if hasattr(cfg, "get_text_config"):  # a multimodal model: its language model's settings
+        cfg = cfg.get_text_config()
     softcap = getattr(cfg, "final_logit_softcapping", None)
-    return LMHead(weight=weight, bias=bias, scale=scale, softcap=float(softcap) if softcap else None)
+    return LMHead(weight=weight, bias=bias, scale=head_scale(cfg), softcap=float(softcap) if softcap else None)
+
+
+def head_scale(cfg) -> float:
+    """The factor a model's forward multiplies its logits by, before any softcap: the first of Cohere's `logit_scale`
+    (also `output_multiplier`), Falcon-H1's `lm_head_multiplier` and `logits_scaling` that the (text) config sets;
+    Granite and MiniCPM3 divide their logits by `logits_scaling`, HyperCLOVA X multiplies them by it (the order and
+    the rule of TRL 1.16's fused LM head). 1.0 when none is set."""
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        value = getattr(cfg, name, None)
+        if value is not None:
+            return float(value)
+    scaling = getattr(cfg, "logits_scaling", None)
+    if scaling is None:
+        return 1.0
+    return float(scaling) if getattr(cfg, "model_type", None) == "hyperclovax" else 1.0 / float(scaling)

@@ -36,9 +36,6 @@ What changes against `GRPOTrainer` (README, "Use with TRL"):
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -47,18 +44,14 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from sgrpo_kernels.integrations.hf import lm_head
-from sgrpo_kernels.integrations.trl_support import check_backend, sampler_support, support_logps
+from sgrpo_kernels.integrations.trl_config import check_trl_is_fields, loss_config
+from sgrpo_kernels.integrations.trl_support import check_backend, final_hidden, sampler_support, support_logps
 from sgrpo_kernels.rl import (
-    LossConfig,
     TrustRegion,
-    parse_overrides,
     prepare_groups,
-    preset,
-    preset_with,
     sampler_importance_weights,
     sgrpo_loss,
 )
-from sgrpo_kernels.rl.sampler_is import check_is_bounds
 from sgrpo_kernels.rl.trust_region import check_max_norm
 
 __all__ = ["SGRPOConfig", "SGRPOTrainer", "loss_config"]
@@ -69,15 +62,14 @@ _UNSUPPORTED_INPUTS = (
 )  # fmt: skip
 
 
-TRL_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # TRL 1.16's
-
-
 @dataclass
 class SGRPOConfig(GRPOConfig):
     """`GRPOConfig` plus the algorithm: an sgrpo_kernels preset and its LossConfig overrides, and the trust region.
-    TRL's own loss fields (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, ...) are not used for the
-    loss unless `sgrpo_preset=None`; `beta` must equal the loss's (the preset's, or `sgrpo_loss="beta=..."`: TRL
-    computes the reference log-probs only when beta != 0); `max_completion_length` is the Dr. GRPO normalizer."""
+    TRL's own loss fields (`loss_type`, `epsilon`, `scale_rewards`, `top_entropy_quantile`, `use_bias_correction_kl`)
+    are not used for the loss unless `sgrpo_preset=None`, and those that would change TRL's objective from its default
+    (`entropy_coef`, `delta`, ...: trl_config.IGNORED_UNDER_A_PRESET) are refused under a preset; `beta` must equal
+    the loss's (the preset's, or `sgrpo_loss="beta=..."`: TRL computes the reference log-probs only when beta != 0);
+    `max_completion_length` is the Dr. GRPO normalizer."""
 
     sgrpo_preset: str | None = field(
         default="s_grpo",
@@ -97,124 +89,19 @@ class SGRPOConfig(GRPOConfig):
                 check_max_norm(self.trust_region, "trust_region")
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"SGRPOConfig(trust_region={self.trust_region!r}): {exc}") from None
-        _check_trl_is_fields(self)
+        check_trl_is_fields(self)
         sampler_support(self)  # a bad top_k / top_p / min_p is refused here
         loss_config(self)  # a bad preset or override is refused here, not when the trainer is built
 
 
-def _check_trl_is_fields(args: SGRPOConfig) -> None:
-    """TRL's sampler-mismatch fields, refused by name when they make no sense (TRL itself checks some of them only
-    at the first generation)."""
-    mode = args.vllm_importance_sampling_mode
-    if mode not in TRL_IS_MODES:
-        raise ValueError(f"SGRPOConfig(vllm_importance_sampling_mode={mode!r}): expected one of {TRL_IS_MODES}")
-    try:
-        check_is_bounds(mode, args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min,
-                        where="vllm_importance_sampling_")  # fmt: skip
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"SGRPOConfig: {exc}") from None
-    thr = args.off_policy_mask_threshold
-    if thr is not None and (isinstance(thr, bool) or not isinstance(thr, (int, float)) or not math.isfinite(thr)
-                            or thr < 0):  # fmt: skip
-        raise ValueError(f"SGRPOConfig(off_policy_mask_threshold={thr!r}): expected None or a finite number >= 0 "
-                         "(the mean log-prob drift, in nats, above which a negative-advantage completion is dropped)")
-
-
-def _bounds(base: LossConfig, name: str) -> str | None:
-    """What a numeric LossConfig field accepts, in LossConfig's own words ("a finite number >= 0.0 and < 1.0"), found
-    by building it with a huge negative and a huge positive value; None when the field takes no number."""
-    found = []
-    for probe in (-1e300, 1e300):
-        try:
-            dataclasses.replace(base, **{name: probe})
-        except TypeError:
-            return None  # not a number field
-        except ValueError as exc:
-            found += re.findall(rf"LossConfig\.{re.escape(name)} must be ([<>]=? [^,\s]+), got", str(exc))
-    return "a finite number" + (" " + " and ".join(found) if found else "")
-
-
-def _refusal(args: SGRPOConfig, exc: Exception) -> str:
-    """`exc` of building the LossConfig, said with the SGRPOConfig field, the value given and what is accepted."""
-    where = f"SGRPOConfig(sgrpo_preset={args.sgrpo_preset!r}, sgrpo_loss={args.sgrpo_loss!r})"
-    named = re.match(r"LossConfig\.(\w+) must be", str(exc))
-    try:
-        given = parse_overrides(args.sgrpo_loss)
-        base = preset(args.sgrpo_preset)
-    except (TypeError, ValueError):
-        return f"{where}: {exc}"
-    if named is None or named.group(1) not in given:
-        return f"{where}: {exc}"
-    name = named.group(1)
-    expected = _bounds(base, name)
-    if expected is None:
-        return f"{where}: sgrpo_loss {name}={given[name]!r} refused: {exc}"
-    return f"{where}: sgrpo_loss {name}={given[name]!r} refused: expected {expected}"
-
-
-def loss_config(args: SGRPOConfig) -> LossConfig | None:
-    """The LossConfig an SGRPOConfig asks for (None: TRL's own loss); a clear error for what TRL cannot serve."""
-    if not isinstance(args.sgrpo_loss, str):
-        raise ValueError(f"SGRPOConfig(sgrpo_loss={args.sgrpo_loss!r}): expected a string of LossConfig overrides "
-                         "'field=value,...' ('' for the preset as it is)")
-    if args.sgrpo_preset is None:
-        if args.sgrpo_loss:
-            raise ValueError(f"SGRPOConfig(sgrpo_preset=None, sgrpo_loss={args.sgrpo_loss!r}): overrides need a "
-                             "preset; set sgrpo_preset (e.g. 's_grpo') or sgrpo_loss=''")
-        return None
-    try:
-        cfg = preset_with(args.sgrpo_preset, args.sgrpo_loss)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(_refusal(args, exc)) from None
-    if cfg.entropy_filter in ("adaptive", "coverage"):  # per-group thresholds from the group's rewards
-        raise ValueError(
-            f"SGRPOConfig: entropy_filter={cfg.entropy_filter!r} needs each training micro-batch to hold whole groups "
-            f"with their rewards; TRL shuffles and splits the groups. Use entropy_filter='ln2', a number or "
-            f"'quantile:q' (preset {cfg.name!r})"
-        )
-    _check_beta(args, cfg)
-    cfg = _with_completion_length(args, cfg)
-    thr = args.off_policy_mask_threshold
-    if thr is not None:
-        if cfg.off_policy_mask_threshold is not None and cfg.off_policy_mask_threshold != thr:
-            raise ValueError(
-                f"SGRPOConfig: off_policy_mask_threshold={thr!r} and sgrpo_loss off_policy_mask_threshold="
-                f"{cfg.off_policy_mask_threshold!r} differ; set one of them"
-            )
-        cfg = dataclasses.replace(cfg, off_policy_mask_threshold=float(thr))
-    return cfg
-
-
-def _check_beta(args: SGRPOConfig, cfg: LossConfig) -> None:
-    """TRL's `beta` (the KL coefficient; TRL loads the reference model only when it is != 0) must be the loss's."""
-    if args.beta == cfg.beta:
+def _relog_advantages(logged, advantages: Tensor) -> None:
+    """Put the preset's advantages (every process's, in TRL's order) where TRL just logged its own for the completions
+    table (`log_completions`, the dashboards), so that the table shows those the loss uses."""
+    if logged is None:
         return
-    if "beta" in parse_overrides(args.sgrpo_loss):
-        raise ValueError(f"SGRPOConfig: beta={args.beta!r} and sgrpo_loss beta={cfg.beta!r} differ; set both to the "
-                         "KL coefficient you want")
-    mine = ",".join(filter(None, (args.sgrpo_loss.strip(), f"beta={args.beta!r}")))
-    raise ValueError(
-        f"SGRPOConfig: beta={args.beta!r} (TRL's KL coefficient) differs from the preset {cfg.name!r}, beta="
-        f"{cfg.beta!r}; to use yours, set sgrpo_loss={mine!r} too; for the preset's, set beta={cfg.beta!r} (TRL loads "
-        "the reference model and computes its log-probs only when beta != 0)"
-    )
-
-
-def _with_completion_length(args: SGRPOConfig, cfg: LossConfig) -> LossConfig:
-    """loss_agg='seq-mean-token-sum-norm' (dr_grpo) divides by B x max_completion_length, as TRL's loss_type='dr_grpo':
-    TRL's `max_completion_length`, not each micro-batch's padded length."""
-    mcl = args.max_completion_length
-    if cfg.loss_agg != "seq-mean-token-sum-norm" or mcl is None or cfg.max_completion_length == mcl:
-        return cfg
-    if cfg.max_completion_length is not None:
-        raise ValueError(
-            f"SGRPOConfig: max_completion_length={mcl!r} and sgrpo_loss max_completion_length="
-            f"{cfg.max_completion_length!r} differ (loss_agg='seq-mean-token-sum-norm' divides by it); set one of them"
-        )
-    try:
-        return dataclasses.replace(cfg, max_completion_length=mcl)
-    except (TypeError, ValueError):
-        raise ValueError(f"SGRPOConfig(max_completion_length={mcl!r}): expected an int >= 1") from None
+    for _ in range(min(advantages.numel(), len(logged))):
+        logged.pop()
+    logged.extend(advantages.tolist())
 
 
 class SGRPOTrainer(GRPOTrainer):
@@ -228,6 +115,7 @@ class SGRPOTrainer(GRPOTrainer):
         self.sgrpo_support = sampler_support(self.args)  # {} with TRL's defaults: every call as without
         check_backend(self.sgrpo_support, self.accelerator.device)
         self._sgrpo_rewards_per_func: Tensor | None = None
+        self._aux_loss = bool(getattr(self, "aux_loss_enabled", False))  # TRL's: an MoE whose router loss it adds
         self._sgrpo_all_filtered = 0
         self.trust_region: TrustRegion | None = None
         if self.args.trust_region is not None and self.is_deepspeed_enabled:
@@ -276,6 +164,7 @@ class SGRPOTrainer(GRPOTrainer):
         n, t = ids.shape
         rows = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)
         output["advantages"] = groups.advantages[rows].to(output["advantages"].dtype)
+        _relog_advantages(getattr(self, "_logs", {}).get("advantages"), groups.advantages)
         if groups.token_weights is not None:
             output["sgrpo_token_weights"] = groups.token_weights[rows, :t]
             output["sgrpo_conflict_counts"] = groups.conflict_counts[rows]
@@ -332,17 +221,17 @@ class SGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         t = ids.size(1)
         with self.accelerator.autocast():  # through the wrapped model: DDP / FSDP synchronize as in TRL
+            input_ids = torch.cat([prompt_ids, ids], dim=1)
             out = model(
-                input_ids=torch.cat([prompt_ids, ids], dim=1),
+                input_ids=input_ids,
                 attention_mask=torch.cat([prompt_mask, inputs["completion_mask"]], dim=1),
                 output_hidden_states=True,
                 logits_to_keep=1,  # the [B, T, V] logits are never made
                 use_cache=False,
+                **({"output_router_logits": True} if self._aux_loss else {}),  # an MoE's load-balancing loss
             )
-        hidden = out.hidden_states[-1][:, -t - 1 : -1]  # final (normed) hidden states predicting each completion token
         head = lm_head(model)
-        if hidden.dtype != head.weight.dtype:
-            hidden = hidden.to(head.weight.dtype)
+        hidden = final_hidden(out, model, input_ids, t, head.weight.dtype)  # (B, T, D): predicting each token
         cfg = self.sgrpo_config
         weights = inputs.get("sgrpo_token_weights")
         old, sampled = inputs.get("old_per_token_logps"), inputs.get("sampling_per_token_logps")
@@ -371,6 +260,11 @@ class SGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if mode == "train":
             loss = loss * self._window_scale(mask, inputs.get("num_items_in_batch"))
+        if self._aux_loss:  # TRL's term and scaling: coef x the router loss / accumulation steps
+            loss = loss + self.router_aux_loss_coef * out.aux_loss / (
+                self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            )
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(out.aux_loss).mean().item())
         self._log_sgrpo(mode, metrics)
         return loss
 

@@ -133,9 +133,7 @@ def support_logps(
         with autocast():
             out = model(input_ids=ids, attention_mask=att, output_hidden_states=True, logits_to_keep=1,
                         use_cache=False)  # fmt: skip
-        hidden = out.hidden_states[-1][:, -logits_to_keep - 1 : -1]  # final hidden states predicting the tokens
-        if hidden.dtype != head.weight.dtype:
-            hidden = hidden.to(head.weight.dtype)
+        hidden = final_hidden(out, model, ids, logits_to_keep, head.weight.dtype)
         targets = ids[:, -logits_to_keep:].masked_fill(att[:, -logits_to_keep:] == 0, -100)
         res = linear_logprobs(hidden, head.weight, targets, temperature=temperature, return_entropy=compute_entropy,
                               **head.options(), **support)  # fmt: skip
@@ -143,3 +141,19 @@ def support_logps(
         if compute_entropy:
             entropies.append(res.entropy)
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None
+
+
+def final_hidden(out, model, input_ids: Tensor, t: int, dtype: torch.dtype) -> Tensor:
+    """The final (normed) hidden states (B, t, D) predicting the last `t` tokens of `input_ids`, from a forward with
+    output_hidden_states=True, in the head's dtype; a model whose last hidden state is not (B, L, D) (Gemma 3n's AltUp
+    stack, for one) is refused by name."""
+    hidden = out.hidden_states[-1]
+    if hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(input_ids.shape):
+        name = type(getattr(model, "module", model)).__name__
+        raise NotImplementedError(
+            f"SGRPOTrainer: {name}'s last hidden state has shape {tuple(hidden.shape)}, not (batch, length, hidden) = "
+            f"({input_ids.size(0)}, {input_ids.size(1)}, D): the LM head cannot be applied to it (e.g. Gemma 3n's "
+            "AltUp stack); this model is not supported yet with an sgrpo preset (sgrpo_preset=None: TRL's own loss)"
+        )
+    hidden = hidden[:, -t - 1 : -1]
+    return hidden if hidden.dtype == dtype else hidden.to(dtype)
