@@ -291,13 +291,88 @@ def test_registration_through_entry_point():
     assert off.returncode == 0 and off.stdout.strip().endswith("[]"), off.stderr[-2000:]
 
 
-def _verl_default_config():
-    """verl's own default PPO config (hydra), with rollout.n=4 and loss_mode=s_grpo."""
+_REGISTERED_CHECK = textwrap.dedent("""
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    for name in %r:
+        assert name in POLICY_LOSS_REGISTRY, name
+        try:
+            POLICY_LOSS_REGISTRY[name](None, None, None, None)
+        except RuntimeError as exc:
+            assert all(w in str(exc) for w in WORDS), exc
+        else:
+            raise AssertionError(name)
+    print("OK")
+""").replace("%r", repr(POLICY_LOSSES))
+
+
+def test_registration_when_the_package_is_imported_before_verl():
+    """Review finding 4: `import sgrpo_kernels.integrations.verl` before `import verl` (a launcher that builds the
+    policy-loss config in Python) registers the loss names and the trainer mode, as verl first does. It registered
+    nothing: verl's plugin loading ran while the package was half-initialized and failed on a circular import."""
+    code = textwrap.dedent("""
+        import sgrpo_kernels.integrations.verl
+        WORDS = ["trainer.v1.trainer_mode=sgrpo"]
+    """) + _REGISTERED_CHECK + textwrap.dedent("""
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        print("trainer", get_trainer_cls("sgrpo").__module__)
+    """)
+    res = _fresh(code)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "OK\ntrainer sgrpo_kernels.integrations.verl.trainer" in res.stdout
+    assert "failed to register" not in res.stderr, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("first, broken, words", [
+    # the package first (its import succeeds, with a warning), then verl; transferqueue is installed but broken
+    ("import sgrpo_kernels.integrations.verl", "transfer_queue", "simulated broken transfer_queue"),
+    # verl first; one of the package's modules cannot be imported (the package's own import fails)
+    ("import sys; sys.modules['sgrpo_kernels.integrations.verl.signals'] = None", None,
+     "sgrpo_kernels.integrations.verl.signals"),
+])  # fmt: skip
+def test_broken_install_registers_names_that_raise_the_error(tmp_path, first, broken, words):
+    """Review finding 4: a failed registration logs a warning and registers each loss name as a function that raises
+    the original error, as plugin.py promises (it registered nothing in both cases: the fallback itself imported the
+    half-initialized or failing package, and its error was swallowed)."""
+    env = {}
+    if broken:
+        (tmp_path / broken).mkdir()
+        (tmp_path / broken / "__init__.py").write_text(f"raise ImportError('simulated broken {broken}')\n")
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    code = f"{first}\nWORDS = {['verl plugin failed to load', words]!r}\n" + _REGISTERED_CHECK
+    res = _fresh(code, **env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert res.stdout.strip().endswith("OK") and "failed to register s_grpo / gtpo" in res.stderr, res.stderr[-3000:]
+
+
+def _verl_default_config(*overrides):
+    """verl's own default PPO config (hydra), with rollout.n=4, loss_mode=s_grpo and adv_estimator=grpo (verl's
+    default, gae, builds a critic: refused, test_trainer_refuses_a_critic)."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         return compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.rollout.n=4",
-                                                             "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo"])
+                                                             "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo",
+                                                             "algorithm.adv_estimator=grpo", *overrides])  # fmt: skip
+
+
+def test_trainer_refuses_a_critic():
+    """Review finding 6: verl's default adv_estimator=gae (or critic.enable=True) built and trained a critic whose
+    returns the sgrpo trainer overwrites (and that ran under the actor's trust region); gae without a critic has no
+    values. Refused naming the keys and what to set; a critic-free estimator passes."""
+    pytest.importorskip("transfer_queue")
+    from sgrpo_kernels.integrations.verl.trainer import check_verl_config
+
+    cfg = rl.preset("s_grpo")
+    fix, gae = ["critic-free", "algorithm.adv_estimator=grpo", "critic.enable"], "algorithm.adv_estimator='gae'"
+    for overrides, words in [(["algorithm.adv_estimator=gae"], [gae, "train a critic"]),
+                             (["critic.enable=True"], ["critic.enable=True", "train a critic"]),
+                             (["algorithm.adv_estimator=gae", "critic.enable=False"],
+                              [gae, "critic.enable=False", "critic's values"])]:  # fmt: skip
+        bad = _verl_default_config(*overrides)
+        assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words + fix)
+    for overrides in ([], ["critic.enable=False"], ["algorithm.adv_estimator=rloo"]):
+        check_verl_config(_verl_default_config(*overrides), cfg)
 
 
 def test_trainer_refuses_what_the_loss_does_not_serve():

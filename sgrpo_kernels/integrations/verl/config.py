@@ -9,14 +9,10 @@ from dataclasses import dataclass
 
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
+from sgrpo_kernels.integrations.verl.registry import POLICY_LOSSES
 from sgrpo_kernels.rl import LossConfig, preset_with
 
 __all__ = ["POLICY_LOSSES", "SGRPOPolicyLossConfig", "check_loss_keys", "loss_config", "uses_sgrpo"]
-
-# The presets verl users reach by `policy_loss.loss_mode`: S-GRPO, GTPO (paper and official code) and S-GRPO's
-# ablations. Not registered: grpo / dapo / gspo / dr_grpo / lite_ppo, which verl has natively (and `gspo` is one of
-# verl's own loss modes).
-POLICY_LOSSES = ("s_grpo", "gtpo", "gtpo_official", "s_grpo_afn", "grpo_ef", "grpo_tc")
 
 TARGET = "sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig"
 

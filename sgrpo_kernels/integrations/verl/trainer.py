@@ -7,8 +7,8 @@ them (a registered advantage estimator sees no response tokens, a policy loss se
 whole groups). Three methods change, nothing else:
 
 - ``__init__``: builds the LossConfig from ``actor.policy_loss``, refuses verl settings that would double-count or
-  that the loss does not serve, turns ``calculate_entropy`` on when the preset needs entropies, and runs as verl's
-  ``sync`` mode (its replay buffer and options).
+  that the loss does not serve (a critic among them), turns ``calculate_entropy`` on when the preset needs entropies,
+  and runs as verl's ``sync`` mode (its replay buffer and options).
 - ``_setup``: after verl built the workers, installs the engine-level loss (:func:`.loss.sgrpo_ppo_loss`) on the actor
   workers with ``set_loss_fn`` (with ``policy_loss.trust_region``, the cap on the actor's steps: :mod:`.trust_region`).
 - ``_compute_advantage``: after verl's own step (rewards, rollout correction), replaces ``advantages`` / ``returns``
@@ -31,18 +31,17 @@ from verl.workers.utils.padding import response_to_nested
 
 from sgrpo_kernels.integrations.verl.config import check_loss_keys, loss_config
 from sgrpo_kernels.integrations.verl.loss import make_loss_fn
+from sgrpo_kernels.integrations.verl.registry import TRAINER_MODE
 from sgrpo_kernels.integrations.verl.signals import driver_signals, loss_side_config
 from sgrpo_kernels.integrations.verl.trust_region import check_trust_region
 from sgrpo_kernels.rl import LossConfig
 
-__all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_verl_config"]
-
-TRAINER_MODE = "sgrpo"
+__all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_critic_free", "check_verl_config"]
 
 
 def check_verl_config(config, cfg: LossConfig) -> None:
-    """ValueError for verl settings the sgrpo loss does not serve or would ignore (:func:`.config.check_loss_keys`),
-    naming the key, its value and what to set."""
+    """ValueError for verl settings the sgrpo loss does not serve or would ignore (:func:`.config.check_loss_keys`), or
+    a critic (:func:`check_critic_free`), naming the key, its value and what to set."""
     actor = config.actor_rollout_ref.actor
     refused = [
         ("algorithm.use_kl_in_reward", config.algorithm.get("use_kl_in_reward", False), False,
@@ -60,11 +59,38 @@ def check_verl_config(config, cfg: LossConfig) -> None:
             f"actor_rollout_ref.actor.policy_loss.sgrpo_loss sets beta={cfg.beta}: KL to a reference is not supported "
             "by the verl plugin yet; expected beta=0"
         )
+    check_critic_free(config, cfg)
     check_loss_keys(actor, cfg)
     n = config.actor_rollout_ref.rollout.n
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"actor_rollout_ref.rollout.n={n!r}: expected an int >= 2 (group-relative losses need n >= 2 "
                          "completions per prompt)")
+
+
+def check_critic_free(config, cfg: LossConfig) -> None:
+    """ValueError when verl would build and train a critic (its own ``need_critic``: ``critic.enable``, or by default
+    ``algorithm.adv_estimator=gae``, verl's default), or compute GAE without one: the presets are critic-free, the
+    trainer replaces ``advantages`` and ``returns`` with the preset's group advantages, and a critic would be trained on
+    those and its values thrown away (in the actor's process, under the actor's trust region as well)."""
+    from verl.trainer.ppo.utils import need_critic
+
+    algorithm, critic = config.algorithm, config.get("critic") or {}
+    estimator = algorithm.get("adv_estimator", "gae")
+    estimator = getattr(estimator, "value", estimator)  # verl's AdvantageEstimator enum or its string
+    enable = critic.get("enable", None)
+    with warnings.catch_warnings():  # need_critic warns that the critic is off when the estimator is not gae
+        warnings.simplefilter("ignore")
+        wants_critic = need_critic(config) if "critic" in config else estimator == "gae"
+    if not wants_critic and estimator != "gae":
+        return
+    said = f"algorithm.adv_estimator={estimator!r}, critic.enable={enable!r} with loss_mode={cfg.name!r}"
+    why = ("verl would build and train a critic" if wants_critic else
+           "verl would compute GAE advantages, which need a critic's values")  # fmt: skip
+    raise ValueError(
+        f"{said}: {why}, but the sgrpo presets are critic-free (the sgrpo trainer replaces advantages and returns "
+        "with the preset's group advantages, so a critic's values would be thrown away); set "
+        "algorithm.adv_estimator=grpo and leave critic.enable unset (null) or false"
+    )
 
 
 @register_trainer(TRAINER_MODE)
