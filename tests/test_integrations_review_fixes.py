@@ -158,3 +158,17 @@ def test_the_completions_log_shows_the_advantages_the_loss_uses(tmp_path):
     logged = list(t._logs["advantages"])
     assert logged == pytest.approx(out["advantages"].tolist())
     assert len(logged) == out["advantages"].numel()
+
+
+def test_a_zero3_partitioned_head_is_refused_by_name():
+    """Under DeepSpeed ZeRO-3 a parameter outside its module's forward is an empty tensor (with ds_* attributes): the
+    op then refused a (V=0) weight naming nothing of the cause. (DeepSpeed is not installed here: its parameter is
+    imitated.)"""
+    from test_integrations_trl import model
+
+    m = model(tied=False)
+    empty = torch.nn.Parameter(torch.empty(0))
+    empty.ds_id, empty.ds_shape = 7, m.lm_head.weight.shape
+    m.lm_head.weight = empty
+    with pytest.raises(NotImplementedError, match="partitioned by DeepSpeed ZeRO-3"):
+        lm_head(m)

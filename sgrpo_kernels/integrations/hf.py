@@ -46,6 +46,11 @@ def lm_head(model) -> LMHead:
             f"{type(base).__name__} has no output embeddings (get_output_embeddings() is None): not a causal LM head"
         )
     weight, bias = head.weight, getattr(head, "bias", None)
+    if weight.numel() == 0 and hasattr(weight, "ds_id"):  # a DeepSpeed ZeRO-3 partition: gathered only in a forward
+        raise NotImplementedError(
+            f"{type(base).__name__}'s LM head weight is partitioned by DeepSpeed ZeRO-3 (its local tensor is empty "
+            "outside the module's forward): the fused head cannot read it yet; use ZeRO-2, DDP or FSDP2"
+        )
     if hasattr(weight, "full_tensor"):  # FSDP2 DTensor
         weight = weight.full_tensor()
         bias = bias.full_tensor() if bias is not None and hasattr(bias, "full_tensor") else bias
