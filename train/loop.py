@@ -19,7 +19,6 @@ import dataclasses
 import os
 import time
 import traceback
-from pathlib import Path
 
 from .batch import Update
 from .config import TrainConfig
@@ -32,10 +31,11 @@ from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
 from .run.dashboards import dashboard_backend
+from .run.files import expand_output_dir, output_path
 from .run.lock import RunLock
 from .run.metrics import MetricsLog, NullLog, write_json
 from .run.progress import TrainBar
-from .run.rundir import open_output_dir
+from .run.rundir import OutputDir, drop_exported_model, open_output_dir
 from .run.signals import STOP, signal_name
 from .run.state import LoopState, commit, emergency_save, fresh_state, resume, save
 from .setup import Run, setup
@@ -204,19 +204,53 @@ def check_world(cfg: TrainConfig, ctx: Dist) -> None:
         )
 
 
-def open_checkpoint(cfg: TrainConfig, loss_cfg, ctx: Dist) -> dict | None:
+def open_checkpoint(cfg: TrainConfig, loss_cfg, ctx: Dist) -> tuple[dict | None, OutputDir | None]:
     """Call with the output directory locked: the checkpoint to resume from (checked against the configuration and
-    the job's size), or None for a fresh run (the directory is then free of another run's files)."""
-    ckpt = open_output_dir(cfg, loss_cfg) if ctx.is_main else None  # refuses a mix of runs; --resume: checked
-    ctx.barrier()  # (rank 0 may have deleted an old run: --overwrite)
+    the job's size), or None for a fresh run; and on rank 0 the checked folder, whose `claim` (called by setup, once
+    nothing can refuse the run) makes it this run's (--overwrite deletes the previous run only then)."""
+    opened = open_output_dir(cfg, loss_cfg) if ctx.is_main else None  # refuses a mix of runs; --resume: checked
+    ctx.barrier()  # (every rank waits for rank 0's checks of the folder)
+    ckpt = opened.ckpt if opened is not None else None
     if cfg.resume and not ctx.is_main:
-        ckpt = read_checkpoint(Path(cfg.output_dir) / "checkpoint" / STATE_FILE)
+        ckpt = read_checkpoint(output_path(cfg.output_dir) / "checkpoint" / STATE_FILE)
     if ckpt is not None and ckpt["world_size"] != ctx.world:
         raise Refused(
             f"--resume: {cfg.output_dir} was trained by {ckpt['world_size']} process(es), this job has "
             f"{ctx.world}: resume with the same number (torchrun --nproc_per_node {ckpt['world_size']})"
         )
-    return ckpt
+    return ckpt, opened
+
+
+def drop_stale_model(run: Run, state: LoopState, resumed: tuple[int, bool] | None, why: str) -> None:
+    """A resumed run that stops without writing its model/ (`why`), where model/ may be an earlier finish's:
+    `resumed`, the checkpoint's (step, finished) (None: no resume that went on). Unless the state is still that
+    finished checkpoint's, model/ is not the run's policy and is removed (rundir.drop_exported_model); a signal
+    meanwhile waits for it, then is dropped."""
+    if resumed is None or (state.finished and resumed == (state.step, True)):
+        return
+    STOP.hold()
+    try:
+        drop_exported_model(run.out_dir, why)
+    finally:
+        STOP.release(raise_pending=False)
+
+
+def train_to_end(cfg: TrainConfig, run: Run, state: LoopState, log: MetricsLog, bar: TrainBar, resumed) -> str | None:
+    """`run_to_end`; on a Ctrl-C or SIGTERM the run is checkpointed and the signal's name returned (None: it ran to
+    its end), on any other exception checkpointed and the exception raised. A resumed run that stops so leaves no
+    model/ of an earlier finish (`drop_stale_model`)."""
+    try:
+        run_to_end(cfg, run, state, log, bar)
+    except BaseException as exc:
+        bar.close()
+        emergency_save(cfg, run, state, log, exc)
+        drop_stale_model(run, state, resumed, f"stopped at step {state.step} before its finish")
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        return signal_name(exc)
+    finally:
+        bar.close()
+    return None
 
 
 def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, ctx: Dist, t_start: float) -> dict:
@@ -227,27 +261,21 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
         dashboard_backend(cfg.report_to)  # a dashboard that cannot be imported is refused before anything is written
     with RunLock(cfg.output_dir) if ctx.is_main else contextlib.nullcontext(), STOP:
         STOP.collective = ctx.enabled
-        ckpt = open_checkpoint(cfg, loss_cfg, ctx)
-        run = setup(cfg, loss_cfg, model_and_tokenizer, ctx)
+        ckpt, opened = open_checkpoint(cfg, loss_cfg, ctx)
+        run = setup(cfg, loss_cfg, model_and_tokenizer, ctx, opened.claim if opened is not None else None)
         state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
         reset_train_peak(run.device)  # train_peak_mem_mb: from here on (the models are resident, loading is over)
         record_outcomes(run, state)  # heldout.jsonl from the start (a resume: the outcomes of its checkpoint)
+        resumed = (state.step, state.finished) if ckpt is not None and ctx.is_main else None  # (a model/ is older)
         if state.finished and state.step >= cfg.max_steps and not state.pending:
             print(f"nothing to do: the run finished at step {state.step} (raise --max-steps to train further)")
-        stopped_by = None
+            resumed = None  # (its model/, written by the finish, is still the run's; the export below rewrites it)
         metrics = run.out_dir / "metrics.jsonl"
         with MetricsLog(metrics, keep, cfg.report_to, dataclasses.asdict(cfg)) if ctx.is_main else NullLog(keep) as log:
             bar = TrainBar(cfg.progress, cfg.max_steps, cfg.time_budget_s, state.step, run.loss_cfg.name)
-            try:
-                run_to_end(cfg, run, state, log, bar)
-            except BaseException as exc:
-                bar.close()
-                emergency_save(cfg, run, state, log, exc)
-                if not isinstance(exc, KeyboardInterrupt):
-                    raise
-                stopped_by = signal_name(exc)
-            finally:
-                bar.close()
+            stopped_by = train_to_end(cfg, run, state, log, bar, resumed)
+        if stopped_by is None and not cfg.save_model:  # finished, writing no model/ of its own
+            drop_stale_model(run, state, resumed, f"finished at step {state.step} with --save-model false")
         export_error = None
         if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:  # OUTPUT_DIR/model/ (HF folder)
             stopped_by, export_error = export_finished(run.model, run.tok, run.out_dir)
@@ -269,6 +297,9 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
     Under torchrun (WORLD_SIZE > 1) every rank runs this: data-parallel over whole groups, rank 0 writes the files,
     the other ranks print nothing (docs/trainer.md, "More than one device")."""
     t_start = time.time()
+    # checked again as the constructor checks it (a field set since: cfg.group_size = 1 is refused as
+    # TrainConfig(group_size=1) is), before anything is written; a leading ~ of output_dir expanded
+    cfg = dataclasses.replace(cfg, output_dir=expand_output_dir(cfg.output_dir))
     resolve_device(cfg.device)  # a device this machine lacks is refused before torchrun's process group
     ctx = from_env(cfg.device, cfg.dist_timeout_s)
     try:

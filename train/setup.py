@@ -23,6 +23,7 @@ from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_devi
 from .policy import data_parallel
 from .probe import kl_probe
 from .rollout import Sampling, chat_prompts
+from .run.files import output_path
 from .run.metrics import write_json
 from .tasks import TASK_OPTIONS, make_task
 from .tasks.jsonl import check_prompts_fit
@@ -101,18 +102,17 @@ def load_policy(cfg: TrainConfig, loss_cfg: LossConfig, device, dtype, model_and
     return model, tok, ref_model
 
 
-def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx: Dist = ALONE) -> Run:
-    """Everything before the first step, in the order that fixes the random stream: the run directory and its
-    config.json, the policy (and the reference model of the KL presets), optimizer and schedule, the rollout engine,
-    the task and its held-out set, the features, the KL-from-init probe. In a torchrun job (`ctx`) every rank builds
-    the same model and probe; rank 0 writes the files; each rank then gets its own sampling seed."""
+def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx: Dist = ALONE, claim=None) -> Run:
+    """Everything before the first step, in the order that fixes the random stream: the policy (and the reference
+    model of the KL presets), optimizer and schedule, the rollout engine, the task and its held-out set, the features;
+    then the run's files (config.json) and the KL-from-init probe. In a torchrun job (`ctx`) every rank builds the same
+    model and probe; rank 0 writes the files; each rank then gets its own sampling seed. `claim(heldout)` (rank 0 of
+    `train()`: rundir.OutputDir.claim) runs once every check here that can refuse the run has passed, before the first
+    file is written: only then does --overwrite delete the previous run."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out_dir = Path(cfg.output_dir)
+    out_dir = output_path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:
-        config = {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg), "world_size": ctx.world}
-        write_json(out_dir / "config.json", config, indent=2)
 
     device = resolve_device(cfg.device)
     if ctx.enabled and device.type == "cuda":
@@ -159,7 +159,12 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         dist=ctx,
         **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
-    run.features = build_features(cfg, run)
+    run.features = build_features(cfg, run)  # (the reward pre-flight: the last check that can refuse the run)
+    if claim is not None:
+        claim(run.heldout)
+    if ctx.is_main:
+        config = {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg), "world_size": ctx.world}
+        write_json(out_dir / "config.json", config, indent=2)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)
     if ctx.enabled:  # rollouts differ across ranks (a run of one process keeps the stream it always had)
         torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)

@@ -14,6 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from ..errors import Refused
+
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # (Windows has no symbolic links to plant)
 
 
@@ -96,6 +98,22 @@ def check_not_link(path: Path) -> None:
     """LinkRefused when `path` is a symbolic link (a folder the trainer writes into, such as checkpoint/)."""
     if os.path.islink(path):
         raise _refuse_link(Path(path))
+
+
+def expand_output_dir(text: str) -> str:
+    """OUTPUT_DIR as given, with a leading `~` or `~user` expanded as --model's path is (train/model.py); any other
+    text unchanged. A `~` that cannot be expanded (no such user, no home folder) is refused: the run would write to a
+    folder named `~` under the current one."""
+    path = os.path.expanduser(text)
+    if path.startswith("~"):
+        raise Refused(f"--output-dir {text}: {text.split('/', 1)[0]} cannot be expanded (no such user, or no home "
+                      "folder); give the folder's full path")  # fmt: skip
+    return path
+
+
+def output_path(text: str) -> Path:
+    """OUTPUT_DIR as a path (`expand_output_dir`): every place where --output-dir becomes a path uses this."""
+    return Path(expand_output_dir(text))
 
 
 MANIFEST = "run-manifest.json"  # what the trainer owns in OUTPUT_DIR, and the run's id (train/run/rundir.py)

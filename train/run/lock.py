@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..errors import Refused
-from ..run.files import NOFOLLOW, read_text
+from ..run.files import NOFOLLOW, output_path, read_text
 
 try:
     import fcntl
@@ -43,7 +43,7 @@ def _pid_alive(pid: int) -> bool:
 
 class RunLock:
     def __init__(self, directory: str | Path):
-        self.path = Path(directory) / LOCK_FILE
+        self.path = output_path(str(directory)) / LOCK_FILE  # (a leading ~ expanded)
         self._fd: int | None = None
 
     def _holder(self) -> str:
