@@ -64,3 +64,15 @@ def test_a_data_path_under_the_home_folder_is_expanded(tmp_path, monkeypatch, ca
     assert cfg.data_path == str(tmp_path / "d.jsonl")
     cfg, _ = parse_args(["--task", "jsonl", "--data", "~/d.jsonl"])
     assert cfg.data_path == str(tmp_path / "d.jsonl")
+
+
+def test_resume_finds_the_runs_config_under_a_tilde_output_dir(tmp_path, monkeypatch):
+    """--output-dir=~/run --resume (a spelling the shell does not expand) looked for ./~/run/config.json, read the
+    defaults instead of the run's configuration, and the resume was refused for differences."""
+    import json
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"train": {"max_steps": 7, "model": "tiny"}}))
+    cfg, _ = parse_args(["--output-dir=~/run", "--resume", "true"])
+    assert cfg.max_steps == 7 and cfg.model == "tiny"

@@ -208,7 +208,7 @@ def _config_file(parser: argparse.ArgumentParser, path: str | None, typed: dict)
     from .file import ConfigFileError, read_config_file
 
     if path is None and typed.get("resume"):
-        own = Path(typed.get("output_dir", TrainConfig.output_dir)) / "config.json"
+        own = Path(typed.get("output_dir", TrainConfig.output_dir)).expanduser() / "config.json"  # (as train() does)
         path = str(own) if own.is_file() else None
     if path is None:
         return None
