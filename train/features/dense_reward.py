@@ -9,8 +9,10 @@ import dataclasses
 
 import torch
 
+from ..errors import Refused
 from ..features.base import Feature
 from ..gt_likelihood import gt_likelihood
+from ..rewards import CodeTests, RowAnswer
 from ..rollout import Batch, chat_prompts
 
 
@@ -39,7 +41,27 @@ class DenseReward(Feature):
         return dataclasses.replace(batch, rewards=batch.rewards + likelihood.to(batch.rewards.dtype))
 
 
+def _not_answer_text(run) -> str | None:
+    """Why the task's problems have no answer text for the likelihood to score, with what to do (None when they all
+    have one): code graded by its tests (a `CodeTests`'s text is the problem's name, "HumanEval/0"), or JSONL rows
+    without an answer (a `RowAnswer` graded by --reward, whose text is "")."""
+    task = run.task
+    for p in [*run.heldout, *getattr(task, "train", ()), *getattr(task, "test", ())]:
+        if isinstance(p.answer, CodeTests):
+            return f"its problems are code graded by tests (the text it would score is the name {p.answer!r}): use"
+        if isinstance(p.answer, RowAnswer) and p.answer.grader is not None:
+            where = next(iter(getattr(task, "unanswered", ())), "a row")
+            return f"{where} has no answer (answer/solution), only --reward to grade it: give every row one, or use"
+    return None
+
+
 def from_run(cfg, run) -> DenseReward | None:
     if cfg.dense_reward != "gt_likelihood":
         return None
+    why = _not_answer_text(run)
+    if why is not None:  # the likelihood of a non-answer would be the reward of every wrong completion
+        raise Refused(
+            f"--dense-reward gt_likelihood with --task {cfg.task}: the dense reward is the likelihood of the "
+            f"ground-truth answer's text, and {why} --dense-reward none with this task"
+        )
     return DenseReward(run.model, run.tok, run.system_prompt, cfg.group_size, cfg.backend)

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import random
 
-from ..tasks.base import ProceduralTask, check_template
+from ..tasks.base import ProceduralTask, check_split, check_template
 from ..tasks.registry import register_task
 
 
-# level -> (description, generator). Generators take a random.Random and return (question, answer).
+# level -> (description, generator). Generators take a random.Random and return (question, answer); each lists its
+# every question (`gen.questions()`, for the split's check) and says how many there are (`gen.size`).
+def _space(gen, op: str, lo_a: int, hi_a: int, lo_b: int, hi_b: int):
+    """`gen` with its problem space: the questions f"{a} {op} {b}" for a in lo_a..hi_a, b in lo_b..hi_b."""
+    gen.questions = lambda: (f"{a} {op} {b}" for a in range(lo_a, hi_a + 1) for b in range(lo_b, hi_b + 1))
+    gen.size = (hi_a - lo_a + 1) * (hi_b - lo_b + 1)
+    return gen
+
+
 def _add(lo_a: int, hi_a: int, lo_b: int, hi_b: int):
     def gen(rng: random.Random) -> tuple[str, int]:
         a, b = rng.randint(lo_a, hi_a), rng.randint(lo_b, hi_b)
         return f"{a} + {b}", a + b
 
-    return gen
+    return _space(gen, "+", lo_a, hi_a, lo_b, hi_b)
 
 
 def _sub(rng: random.Random) -> tuple[str, int]:
@@ -22,12 +30,15 @@ def _sub(rng: random.Random) -> tuple[str, int]:
     return f"{a} - {b}", a - b
 
 
+_space(_sub, "-", 10, 99, 10, 99)
+
+
 def _mul(lo_a: int, hi_a: int, lo_b: int, hi_b: int):
     def gen(rng: random.Random) -> tuple[str, int]:
         a, b = rng.randint(lo_a, hi_a), rng.randint(lo_b, hi_b)
         return f"{a} * {b}", a * b
 
-    return gen
+    return _space(gen, "*", lo_a, hi_a, lo_b, hi_b)
 
 
 LEVELS = {
@@ -73,6 +84,10 @@ class ArithmeticTask(ProceduralTask):
         self.levels = parse_levels(difficulty)
         self.template = check_template(prompt_template)
         self.heldout_frac = heldout_frac
+        gens = [LEVELS[lv][1] for lv in dict.fromkeys(self.levels)]  # the levels' questions never coincide
+        questions = (q for gen in gens for q in gen.questions())
+        flags = f"--heldout-frac {heldout_frac} with --difficulty {difficulty}"
+        check_split(heldout_frac, questions, flags, total=sum(gen.size for gen in gens))
 
     def _generate(self, rng: random.Random) -> tuple[str, int]:
         return LEVELS[rng.choice(self.levels)][1](rng)

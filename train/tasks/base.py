@@ -14,7 +14,10 @@ from __future__ import annotations
 import hashlib
 import random
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from ..errors import Refused
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,39 @@ def check_template(template: str) -> str:
     return template
 
 
+class TaskRefused(Refused, ValueError):
+    """The task cannot be built with these settings (a split that leaves one side empty): the message names the flags
+    (`python -m train` prints it and exits 2, no traceback)."""
+
+
+HASH_BUCKETS = 10_000  # `_is_heldout` puts a question in one of these; the first heldout_frac of them are held out
+
+
 def _is_heldout(question: str, heldout_frac: float) -> bool:
     h = int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "little")
-    return (h % 10_000) < heldout_frac * 10_000
+    return (h % HASH_BUCKETS) < heldout_frac * HASH_BUCKETS
+
+
+def check_split(heldout_frac: float, questions: Iterable[str] | None, flags: str, total: int | None = None) -> None:
+    """TaskRefused unless both sides of the hash split of `questions` (every distinct problem of the task; None: too
+    many to list, then only `heldout_frac` itself is judged) hold a problem. The listing stops at the first question
+    of the second side, so a task whose sides are both there pays for a few hashes. `flags` names the settings in the
+    message ("--heldout-frac 0.01 with --difficulty 5"); `total`: the number of problems, when known."""
+    if HASH_BUCKETS - 1 < heldout_frac * HASH_BUCKETS:  # every bucket is held out: nothing is left to train on
+        held, kept = total, 0
+    elif questions is None:
+        return
+    else:
+        held = kept = 0
+        for q in questions:
+            held, kept = (held + 1, kept) if _is_heldout(q, heldout_frac) else (held, kept + 1)
+            if held and kept:
+                return
+    counted = "all of its" if held is None else f"{held} of its {held + kept}"
+    raise TaskRefused(
+        f"{flags}: {counted} distinct problems are held out and {kept} left for training (split by a hash of each "
+        f"problem); each side needs at least one: use a {'larger' if held == 0 else 'smaller'} --heldout-frac"
+    )
 
 
 class ProceduralTask:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..rewards import CodeTests
-from ..tasks.base import Problem, _is_heldout, check_template
+from ..tasks.base import Problem, TaskRefused, _is_heldout, check_template
 from ..tasks.registry import register_task
 
 if TYPE_CHECKING:
@@ -59,8 +59,12 @@ class HumanEvalTask:
             answer = CodeTests(row["task_id"], row["prompt"], row["test"], row["entry_point"], limits)
             problem = Problem(prompt_template.format(question=row["prompt"]), answer, row["prompt"])
             (self.test if _is_heldout(row["task_id"], heldout_frac) else self.train).append(problem)
-        if not self.train or not self.test:
-            raise ValueError(f"heldout_frac={heldout_frac}: {len(self.test)} of {len(rows)} problems held out")
+        if not self.train or not self.test:  # (a ValueError too, as before)
+            raise TaskRefused(
+                f"--heldout-frac {heldout_frac}: {len(self.test)} of the {len(rows)} HumanEval problems are held out "
+                f"and {len(self.train)} left for training (split by a hash of the task id); each side needs at least "
+                f"one: use a {'larger' if not self.test else 'smaller'} --heldout-frac"
+            )
         self.canonical = {row["task_id"]: row["canonical_solution"] for row in rows}  # for tests and sanity checks
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
@@ -74,6 +78,9 @@ class HumanEvalTask:
 def make_humaneval(*, prompt_template: str | None, heldout_frac: float, **_) -> HumanEvalTask:
     from sgrpo_sandbox import describe_isolation  # loaded with the task that runs code, not with the registry
 
-    task = HumanEvalTask(prompt_template or HUMANEVAL_TEMPLATE, heldout_frac)
+    try:
+        task = HumanEvalTask(prompt_template or HUMANEVAL_TEMPLATE, heldout_frac)
+    except ValueError as exc:  # the package missing, a split with an empty side: a refusal, not a crash
+        raise exc if isinstance(exc, TaskRefused) else TaskRefused(str(exc)) from None
     print(describe_isolation())  # the run's log says how isolated the code it executes is
     return task

@@ -3,8 +3,10 @@ Hugging Face dataset when the `datasets` library has it cached. The two tasks di
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
+import math
 import random
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from ..rewards import MathAnswer, RewardFunctions, RowAnswer, extract_answer
 from ..tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
 from ..tasks.registry import register_task
 
-QUESTION_KEYS = ("question", "problem", "prompt")  # the problem text: the first of these present in a row
+QUESTION_KEYS = ("question", "problem", "prompt")  # the problem text: one of these a row (_question)
 ANSWER_KEYS = ("answer", "solution")  # the ground truth: GSM8K "... #### 42", MATH "... \\boxed{42}", or a bare value
 JSONL_EXPECTED = (
     "expected JSON Lines: one JSON object per line with a question (one of question/problem/prompt) and an answer "
@@ -27,22 +29,72 @@ class DataRefused(Refused, ValueError):
 
 
 def _question(row: dict, where: str):
-    """The row's problem text: the first of QUESTION_KEYS present (None when none is); a list or a mapping there is
-    refused (it would be trained on as its Python repr)."""
-    key = next((k for k in QUESTION_KEYS if row.get(k) not in (None, "")), None)
+    """The row's problem text: the first of QUESTION_KEYS present (None when none is). Refused: a list or a mapping
+    there (it would be trained on as its Python repr), blank text, and more than one prompt field with different
+    text (one would be trained on, the other hidden from the model and the reward functions)."""
+    present = [k for k in QUESTION_KEYS if row.get(k) not in (None, "")]
+    key = present[0] if present else None
     value = None if key is None else row[key]
+    if any(type(row[k]) is not type(value) or row[k] != value for k in present[1:]):
+        raise ValueError(
+            f"{where}: more than one prompt field ({', '.join(present)}) with different text; the trainer would use "
+            f"{key!r} and hide the other{'s' * (len(present) > 2)}: keep one of them and remove the rest from the row"
+        )
     if isinstance(value, bool) or not isinstance(value, str | int | float | None):
         raise ValueError(f"{where}: the prompt field {key!r} is a {type(value).__name__}; expected text")
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"{where}: the prompt field {key!r} is blank ({value!r}); expected the problem's text")
     return value
 
 
+def _answer(row: dict, where: str) -> str | None:
+    """The row's final answer: from the first of ANSWER_KEYS present ("... #### 42" and "... \\boxed{42}" read to
+    "42", a bare value stripped); None when none is. Refused: a list, an object, a boolean or a non-finite number
+    there (it would be its Python repr, "['5']" or "nan", which no completion matches), and no final answer in it."""
+    key = next((k for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
+    if key is None:
+        return None
+    raw = row[key]
+    nonfinite = isinstance(raw, float) and not math.isfinite(raw)  # JSON's NaN, Infinity (Python's json reads them)
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float) or nonfinite:
+        what = {bool: "a boolean", list: "a list", dict: "an object"}.get(type(raw), f"{raw} (not a finite number)")
+        raise ValueError(
+            f"{where}: the answer field {key!r} is {what}; expected text or a finite number (a bare value, GSM8K's "
+            "'... #### 42' or MATH's '... \\boxed{42}')"
+        )
+    text = str(raw)
+    answer = extract_answer(text) if ("####" in text or "\\boxed" in text) else text.strip()
+    if not answer:
+        raise ValueError(
+            f"{where}: no final answer in {text[:80]!r}; expected a bare value, GSM8K's '#### 42' or MATH's "
+            "\\boxed{42}"
+        )
+    return answer
+
+
+class _DuplicateKey(Exception):
+    """A JSON object of a data line names a key twice (the message: the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json's object_pairs_hook: the object as a dict (the same dict json makes), refusing a key given twice, which
+    json would silently resolve to its last value."""
+    row = dict(pairs)
+    if len(row) < len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return row
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, row) of every non-blank line of a JSON Lines file. A file that is not UTF-8 text, a line that is
-    not JSON, or a row that is not an object raises ValueError naming the file, the line and what was expected."""
+    """(line number, row) of every non-blank line of a JSON Lines file (a UTF-8 byte-order mark is read past). A file
+    that is not UTF-8 text, a line that is not JSON, an object with a key given twice (at any depth), or a row that is
+    not an object raises ValueError naming the file, the line and what was expected."""
     data = Path(path).read_bytes()
     if b"\x00" in data:
         line = data[: data.index(b"\x00")].count(b"\n") + 1
         raise ValueError(f"{path}: line {line}: a NUL byte: a binary file, not text; {JSONL_EXPECTED}")
+    data = data.removeprefix(codecs.BOM_UTF8)  # a byte-order mark is read past, as config files are
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -53,7 +105,12 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise ValueError(
+                f"{path}: line {number}: key {exc.args[0]!r} given twice (JSON would keep only the last value); "
+                f"remove one; {JSONL_EXPECTED}"
+            ) from None
         except json.JSONDecodeError as exc:
             raise ValueError(
                 f"{path}: line {number}: not valid JSON ({exc.msg}, column {exc.colno}); {JSONL_EXPECTED}"
@@ -134,11 +191,12 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
 class JsonlTask:
     """GSM8K / MATH style problems from a local JSONL file.
 
-    Accepted fields: question/problem/prompt for the text; answer (GSM8K "... #### 42" or a bare value) or solution
-    (MATH, the last \\boxed{...}) for the ground truth. Every row must have both (a row without them is an error
-    naming its line, not skipped). Checked before the split: an exact repeat of a row is dropped (with a warning); rows
-    with the same prompt stay on one side of the split (`split_by_content`): the last `heldout_frac` of the shuffled
-    distinct prompts is held out. A prompt too long for the model's context is refused (`check_prompts_fit`).
+    Accepted fields: question/problem/prompt for the text (one of them a row, not blank); answer (GSM8K "... #### 42"
+    or a bare value) or solution (MATH, the last \\boxed{...}) for the ground truth, text or a finite number. Every
+    row must have both (a row without them is an error naming its line, not skipped). Checked before the split: an
+    exact repeat of a row is dropped (with a warning); rows with the same prompt stay on one side of the split
+    (`split_by_content`): the last `heldout_frac` of the shuffled distinct prompts is held out. A prompt too long for
+    the model's context is refused (`check_prompts_fit`).
     """
 
     system_prompt: str | None = None  # the chat template's default
@@ -156,23 +214,17 @@ class JsonlTask:
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
         question = _question(row, where)
-        raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
-        if question is None or raw is None:
+        answer = _answer(row, where)
+        if question is None or answer is None:
             missing = " and ".join(
                 what
                 for what, value in (
                     ("a question (question/problem/prompt)", question),
-                    ("an answer (answer/solution)", raw),
+                    ("an answer (answer/solution)", answer),
                 )
                 if value is None
             )
             raise ValueError(f"{where}: missing {missing}; the row has keys {sorted(row)}; {JSONL_EXPECTED}")
-        answer = extract_answer(str(raw)) if ("####" in str(raw) or "\\boxed" in str(raw)) else str(raw).strip()
-        if not answer:
-            raise ValueError(
-                f"{where}: no final answer in {str(raw)[:80]!r}; expected a bare value, GSM8K's '#### 42' or MATH's "
-                "\\boxed{42}"
-            )
         return Problem(template.format(question=question), answer, str(question))
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
@@ -241,7 +293,15 @@ class RowsTask(JsonlTask):
 
     def __init__(self, path: str, prompt_template: str, heldout_frac: float, seed: int, grader=None):
         self.grader = grader
+        self.unanswered: list[str] = []  # "FILE: line N" of each row without an answer (graded by `grader`)
         super().__init__(path, prompt_template, heldout_frac, seed)
+        n, correctness = len(self.train) + len(self.test), "correctness" in dict(getattr(grader, "refs", ()))
+        if correctness and 0 < len(self.unanswered) < n:  # (all without one: refused by the reward's check, naming it)
+            raise ValueError(
+                f"{self.unanswered[0]}: no answer (answer/solution), and --reward includes correctness, which grades "
+                f"a row against its answer ({len(self.unanswered)} of the {n} rows have none); give every row an "
+                "answer, or leave correctness out of --reward"
+            )
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
         question = _question(row, where)
@@ -256,23 +316,17 @@ class RowsTask(JsonlTask):
                 f"{where}: a field named {taken[0]!r}: the reward functions get prompts= and completions= (the prompt "
                 "as the model saw it and the model's completions), so this field would be lost; rename it"
             )
-        raw = next((row[k] for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
-        if raw is None and self.grader is None:
+        answer = _answer(row, where)
+        if answer is None and self.grader is None:
             raise ValueError(
                 f"{where}: no answer (answer/solution) and no --reward to grade it; give the rows an answer or name "
                 "reward functions with --reward module:function"
             )
-        answer = (
-            ""
-            if raw is None
-            else extract_answer(str(raw))
-            if ("####" in str(raw) or "\\boxed" in str(raw))
-            else str(raw).strip()
-        )
+        if answer is None:
+            self.unanswered.append(where)
         prompt = template.format(question=question)
-        return Problem(
-            prompt, RowAnswer(answer, dict(row), prompt, self.grader if raw is None else None), str(question)
-        )
+        grader = self.grader if answer is None else None
+        return Problem(prompt, RowAnswer(answer or "", dict(row), prompt, grader), str(question))
 
 
 @register_task(
