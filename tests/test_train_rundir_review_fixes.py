@@ -22,26 +22,14 @@ import pytest
 pytest.importorskip("transformers")
 
 from conftest import tiny_argv, tiny_cfg  # noqa: E402
+from test_train_hardening_outdir import FAST, manifest, run, snapshot  # noqa: E402  (the output-folder tests' kit)
 
 import train.loop as loop  # noqa: E402
 from train.__main__ import main  # noqa: E402
 from train.config import ConfigError, TrainConfig  # noqa: E402
 from train.run.signals import Terminated  # noqa: E402
 
-FAST = ("--eval-k", "0", "--kl-every", "0", "--max-steps", "1")
 GSM8K = Path(__file__).resolve().parents[1] / "train" / "data" / "gsm8k_sample.jsonl"
-
-
-def run(out, *extra) -> int:
-    return main(tiny_argv(str(out), *FAST, *extra))
-
-
-def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def manifest(out: Path) -> dict:
-    return json.loads((out / "run-manifest.json").read_text())
 
 
 # ------------------------------------------------------------------------- 2: a refused --overwrite deletes nothing
