@@ -241,8 +241,11 @@ def heldout_sha256(heldout: list) -> str:
     return hashlib.sha256(dumps([[p.prompt, str(p.answer)] for p in heldout]).encode()).hexdigest()
 
 
-def _changed_data(recorded: dict, now: dict, key: str) -> bool:
-    return isinstance(recorded.get(key), str) and now.get(key) is not None and recorded[key] != now[key]
+def _changed_data(recorded, now: dict, key: str) -> bool:
+    """Whether the manifest's data record (None or not a dict: a folder written before it) says `key` changed."""
+    if not (isinstance(recorded, dict) and isinstance(recorded.get(key), str)):
+        return False
+    return now.get(key) is not None and recorded[key] != now[key]
 
 
 @dataclass
@@ -265,7 +268,7 @@ class OutputDir:
         record = self.data | {"heldout_sha256": heldout_sha256(heldout)}
         if self.ckpt is not None:
             recorded = (self.manifest or {}).get("data")
-            if isinstance(recorded, dict) and _changed_data(recorded, record, "heldout_sha256"):
+            if _changed_data(recorded, record, "heldout_sha256"):
                 raise Refused(
                     f"--resume: the held-out problems differ from those {self.path / 'checkpoint' / STATE_FILE} was "
                     f"trained and evaluated with ({MANIFEST} records their sha256): the task's data changed since "
@@ -315,7 +318,7 @@ def _open_resume(cfg: TrainConfig, loss_cfg: LossConfig, out_dir: Path, manifest
     if diffs:
         raise Refused(_differs(out_dir, ckpt_file, ckpt, diffs))
     data, recorded = _data_file(cfg), (manifest or {}).get("data")
-    if isinstance(recorded, dict) and _changed_data(recorded, data, "data_sha256"):
+    if _changed_data(recorded, data, "data_sha256"):
         raise Refused(
             f"--resume: {cfg.data_path} changed since the checkpoint {ckpt_file} was written (sha256 "
             f"{recorded['data_sha256'][:16]}... then, {data['data_sha256'][:16]}... now; {out_dir / MANIFEST} records "
