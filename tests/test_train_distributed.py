@@ -233,15 +233,17 @@ def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
     """)
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    for attempt in range(2):
+    for attempt in range(3):
+        out = tmp_path / f"run{attempt}"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), str(probe), *_train_args(tmp_path / f"run{attempt}"), "--max-steps",
+               "--master_port", str(free_port()), str(probe), *_train_args(out), "--max-steps",
                "3", "--kl-every", "0", "--eval-k", "0", "--dist-timeout-s", "5"]  # fmt: skip
         res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
         log = res.stdout + res.stderr
-        # on a loaded machine rank 1 can start > 5 s after rank 0, and init_process_group (same timeout) fails before
-        # the stop this test is about: that failure names the flag too (test_a_rank_that_never_joins_...); once more
-        if "did not all join within --dist-timeout-s 5" not in log:
+        # on a loaded machine a collective of the setup (init_process_group, DDP's parameter check) can outlast the
+        # 5 s timeout before the stop this test is about, which comes after step 1: when no step finished, once more
+        metrics = out / "metrics.jsonl"
+        if metrics.is_file() and any('"loss"' in line for line in metrics.read_text().splitlines()):
             break
     assert res.returncode != 0, log[-3000:]
     assert "rank 1 stopped answering" in log and "--dist-timeout-s 5" in log, log[-3000:]
