@@ -161,23 +161,19 @@ def _differs(out_dir: Path, ckpt_file: Path, saved: dict, diffs: list[str]) -> s
     safe = ", ".join("--" + f.replace("_", "-") for f in sorted(RESUME_SAFE))
     config = out_dir / "config.json"
     edited = edited_config(out_dir, saved)
-    if not edited and not os.path.lexists(config):  # deleted: the defaults stood for every setting not typed
-        return (
-            f"--resume: {config} is missing (a resume without --config reads the run's settings from it), so the "
-            f"configuration given differs from the one {ckpt_file} was trained with:\n  "
-            + "\n  ".join(diffs)
-            + f"\nOnly these may change on --resume: {safe}.\n"
-            "Type the checkpoint's value of each as its flag (loss.FIELD as --loss.FIELD), or put the run's "
-            "config.json back; or start a new run in another --output-dir."
-        )
     if not edited:
+        missing = not os.path.lexists(config)  # deleted: the defaults stood for every setting not typed
         return (
-            f"--resume: the configuration differs from the one {ckpt_file} was trained with:\n  "
+            (f"--resume: {config} is missing (a resume without --config reads the run's settings from it), so the "
+             "configuration given" if missing else "--resume: the configuration")
+            + f" differs from the one {ckpt_file} was trained with:\n  "
             + "\n  ".join(diffs)
             + f"\nOnly these may change on --resume: {safe}.\n"
-            f"Resume with the checkpoint's values (all of them are in {config}), or start a new run in another "
-            "--output-dir."
-        )
+            + ("Type the checkpoint's value of each as its flag (loss.FIELD as --loss.FIELD), or put the run's "
+               "config.json back; or start a new run in another --output-dir." if missing else
+               f"Resume with the checkpoint's values (all of them are in {config}), or start a new run in another "
+               "--output-dir.")
+        )  # fmt: skip
     names = {line.split(":")[0] for line in edited}
     if names & {"--preset", "--loss"}:  # the loss edited: every loss.FIELD that changes with it is the file's doing
         names |= {line.split(":")[0] for line in diffs if line.startswith("loss.")}
@@ -228,7 +224,7 @@ def _data_file(cfg: TrainConfig) -> dict:
         return {}
     digest = hashlib.sha256()
     try:
-        with open(os.path.expanduser(cfg.data_path), "rb") as f:
+        with open(cfg.data_path, "rb") as f:  # (TrainConfig expanded ~)
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
     except OSError:
