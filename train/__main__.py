@@ -14,7 +14,7 @@ from .run.signals import EXIT_CODES, signal_name
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, loss_overrides = parse_args(argv)
+    cfg, loss_overrides = parse_args(argv, warn=True)  # (a warning for each setting that does nothing here)
     from .loop import train  # after the CLI: --help does not import the model stack
 
     try:

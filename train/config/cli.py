@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .fields import ConfigError, OneOf, field_specs
+from .inert import inert_warnings
 from .train_config import RUN_PRESETS, TrainConfig, parse_flag_text
 
 
@@ -218,9 +219,19 @@ def _config_file(parser: argparse.ArgumentParser, path: str | None, typed: dict)
         parser.error(str(exc))
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
+def _given(typed: dict, file) -> dict[str, str]:
+    """The fields the user gave, and where ("" typed, else the --config file): the flags typed and a hand-written
+    file's keys. A run's own config.json (a --resume reads it without --config) records every field of that run,
+    its run preset's included, so its values are not taken as given: the run that wrote it warned about its own."""
+    from_file = file.values if file is not None and not file.record else {}
+    return {name: f"--config {file.path}" for name in from_file} | dict.fromkeys(typed, "")
+
+
+def parse_args(argv: list[str] | None = None, *, warn: bool = False) -> tuple[TrainConfig, dict]:
     """CLI -> (TrainConfig, LossConfig overrides). Precedence: dataclass default < --run-preset < --config file <
-    explicit flag. Every refusal is an argparse error (exit status 2) naming the flag (or the file's key)."""
+    explicit flag. Every refusal is an argparse error (exit status 2) naming the flag (or the file's key). `warn`
+    (`python -m train`): print a line on stderr for each field given that does nothing in this combination (inert.py);
+    off for callers that only check a configuration (the study), so that its runs' own logs say it once."""
     argv = _normalize(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -233,8 +244,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
     typed = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.name in explicit}
     file = _config_file(parser, args.config, typed)
     preset = args.run_preset if "run_preset" in explicit or file is None else file.run_preset or "default"
-    values = {f.name: f.default for f in fields(TrainConfig)} | RUN_PRESETS[preset]
-    values |= (file.values if file is not None else {}) | typed
+    base = {f.name: f.default for f in fields(TrainConfig)} | RUN_PRESETS[preset]
+    values = base | (file.values if file is not None else {}) | typed
     overrides = dict(file.loss_overrides) if file is not None else {}
     flagged = {k.split(".", 1)[1]: v for k, v in vars(args).items() if k.startswith("loss.") and v is not None}
     overrides |= flagged
@@ -261,4 +272,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict]:
         if file is not None and not any(k in flagged for k in named):  # the file's loss.FIELD keys: name them
             parser.error(f"--config {file.path}: key(s) {', '.join(f'loss.{k}' for k in named)}: {exc}")
         parser.error(f"argument {'/'.join(f'--loss.{k}' for k in named)}: {exc}")
+    for line in inert_warnings(cfg, _given(typed, file), base) if warn else ():
+        print(line, file=sys.stderr)
     return cfg, overrides

@@ -37,6 +37,7 @@ class ConfigFile:
     values: dict = field(default_factory=dict)  # TrainConfig field -> value (checked)
     loss_overrides: dict = field(default_factory=dict)  # LossConfig field -> value (the --loss.FIELD flags)
     run_preset: str | None = None
+    record: bool = False  # a run's own config.json: every field as that run had it, not only what a user chose
 
 
 # What a config file may be: a small, flat mapping. A file past these limits is refused (one line naming the file, the
@@ -279,8 +280,8 @@ def read_config_file(path: str | Path) -> ConfigFile:
         data = {}
     if not isinstance(data, dict):
         raise ConfigFileError(f"{where}: expected a mapping of fields (field: value), got a {type(data).__name__}")
-    out = ConfigFile(path)
     run_dir = "train" in data and isinstance(data["train"], dict)  # a run's own config.json
+    out = ConfigFile(path, record=run_dir)
     if "train" in data and not run_dir:
         shape = '{"train": {"max_steps": 30, ...}, "loss": {...}}'
         raise ConfigFileError(f"{where}: key 'train': {_show(data['train'])} refused: a run's config.json holds "
