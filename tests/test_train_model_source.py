@@ -1,0 +1,68 @@
+"""--model that names nothing this machine can load is refused at once with one line (exit 2), and a Hub model held in
+the local cache loads from it when the Hub does not answer. The Hub is a closed port on 127.0.0.1 (HF_ENDPOINT) and
+the cache an empty folder (HF_HOME), so nothing here reaches the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, a connection is refused at once
+
+
+def _env(hf_home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    return {**env, "HF_ENDPOINT": NO_HUB, "HF_HOME": str(hf_home), "PYTHONPATH": str(ROOT)}
+
+
+def test_a_model_neither_local_nor_cached_nor_served_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "--model", "nobody/no-such-model", "--max-steps", "1", "--output-dir",
+         str(out)],
+        cwd=ROOT, env=_env(tmp_path / "hf"), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert "--model 'nobody/no-such-model'" in errors[0]
+    assert "nor in the Hugging Face cache, and the Hub did not serve it" in errors[0]
+    assert "hf download nobody/no-such-model" in errors[0]
+
+
+def _cache(hf_home: Path, repo: str) -> None:
+    """The layout huggingface_hub's cache has after a download of `repo`'s config.json (refs/main -> a snapshot)."""
+    folder = hf_home / "hub" / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0123abcd")
+    (folder / "snapshots" / "0123abcd").mkdir(parents=True)
+    (folder / "snapshots" / "0123abcd" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+
+def _hub_source(tmp_path: Path, name: str) -> subprocess.CompletedProcess:
+    code = f"import json; from train.model import hub_source; print(json.dumps(hub_source({name!r})))"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(tmp_path / "hf"), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def test_a_cached_model_loads_from_the_cache_when_the_hub_does_not_answer(tmp_path):
+    _cache(tmp_path / "hf", "someone/cached-model")
+    proc = _hub_source(tmp_path, "someone/cached-model")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == {"local_files_only": True}
+    assert "the Hugging Face Hub did not answer for 'someone/cached-model'" in lines[0]
+    assert "loading it from the local cache" in lines[0]
+
+
+def test_a_local_folder_never_asks_the_hub(tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    proc = _hub_source(tmp_path, str(folder))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "{}"
