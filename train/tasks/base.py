@@ -87,6 +87,10 @@ def check_split(heldout_frac: float, questions: Iterable[str] | None, flags: str
     )
 
 
+MASS_DRAWS = 10_000  # draws that measure how often the generator lands on each side of the split
+MIN_SIDE_MASS = 0.002  # below it `_draw`'s 10,000 tries can run out mid-run (a side drawn 0.001 of the time: e^-10)
+
+
 class ProceduralTask:
     """A task drawn from `_generate(rng) -> (question, answer)`, split into training and held-out problems by a hash
     of the question (`_is_heldout`)."""
@@ -97,6 +101,21 @@ class ProceduralTask:
 
     def _generate(self, rng: random.Random) -> tuple[str, int]:
         raise NotImplementedError
+
+    def check_split(self, questions: Iterable[str] | None, flags: str, total: int | None = None) -> None:
+        """`check_split` (each side holds a distinct problem), then TaskRefused unless each side also gets at least
+        MIN_SIDE_MASS of the generator's draws (MASS_DRAWS from a seed of its own: no run's draws change): a side of
+        a problem or two that the generator seldom draws would make `_draw` give up, at the start or mid-run."""
+        check_split(self.heldout_frac, questions, flags, total)
+        rng = random.Random("split-mass")
+        held = sum(_is_heldout(self._generate(rng)[0], self.heldout_frac) for _ in range(MASS_DRAWS))
+        side, low = ("held-out", held) if held <= MASS_DRAWS - held else ("training", MASS_DRAWS - held)
+        if low < MIN_SIDE_MASS * MASS_DRAWS:
+            raise TaskRefused(
+                f"{flags}: only {low} of {MASS_DRAWS:,} problems drawn from the task land on the {side} side "
+                f"({low / MASS_DRAWS:.4f}); drawing a side that comes up less than {MIN_SIDE_MASS} of the time can "
+                f"stall: use a {'larger' if side == 'held-out' else 'smaller'} --heldout-frac"
+            )
 
     def _draw(self, rng: random.Random, heldout: bool) -> Problem:
         for _ in range(10_000):

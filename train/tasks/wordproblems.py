@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-from ..tasks.base import ANSWER_IS_TEMPLATE, ProceduralTask, check_split, check_template
+from ..tasks.base import ANSWER_IS_TEMPLATE, ProceduralTask, check_template
 from ..tasks.registry import register_task
 
 NAMES = ("Ada", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kira", "Liam", "Maya")
@@ -175,7 +175,7 @@ class WordProblemTask(ProceduralTask):
         self.template = check_template(prompt_template)
         self.heldout_frac = heldout_frac
         self.generators = list(WORD_PROBLEMS.values())
-        check_split(heldout_frac, None, f"--heldout-frac {heldout_frac}")  # too many problems to list: the fraction
+        self.check_split(None, f"--heldout-frac {heldout_frac}")  # too many problems to list: the fraction
 
     def _generate(self, rng: random.Random) -> tuple[str, int]:
         return rng.choice(self.generators)(rng)
