@@ -2,14 +2,15 @@
 
 Exit status: 0 done; 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM (the run is checkpointed: continue with
 --resume); 2 refused before starting (output directory in use or holding another run, --resume with a different
-configuration); 1 any other failure (the message says what was saved)."""
+configuration); 1 any other failure (the message says what was saved). Under torchrun a refusal by rank 0 alone
+(its output folder, lock or checkpoint) stops every rank with its exit status, the message printed once, by rank 0."""
 
 from __future__ import annotations
 
 import sys
 
 from .config.cli import parse_args
-from .errors import TrainError
+from .errors import TrainError, report
 from .run.signals import EXIT_CODES, signal_name
 
 
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = train(cfg, loss_overrides)
     except TrainError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report(exc)  # (once: under torchrun a refusal by rank 0 alone is printed by rank 0 only)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # before the loop started (loading, the probe): nothing was saved
         name = signal_name(exc)

@@ -10,13 +10,17 @@ import gc
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .errors import TrainError
+from .errors import StoppedWithRank0, TrainError, report
+
+T = TypeVar("T")
 
 
 class PeerTimeout(TrainError):
@@ -136,6 +140,41 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             self._wait(dist.barrier)
+
+    def on_main(self, work: Callable[[], T]) -> T | None:
+        """`work()` on rank 0 alone (the others get None), whose outcome every rank learns from one broadcast (so it
+        is also a barrier: the others wait for rank 0's work). When `work` raises on rank 0, rank 0 prints a
+        TrainError's message (before the others can exit: torchrun then stops the ranks still running), tells the
+        others, and raises it; every other rank raises `StoppedWithRank0` with the message and exit status (a
+        refusal's 2) instead of waiting in its next collective for a rank that is gone. A job of one: `work()`."""
+        if not self.enabled:
+            return work()
+        if not self.is_main:
+            outcome = self._share(None)
+            if outcome is not None:
+                what, code, reported = outcome
+                raise StoppedWithRank0(f"rank {self.rank}: stopped with rank 0, which {what}", code, reported)
+            return None
+        try:
+            result = work()
+        except BaseException as exc:
+            known = isinstance(exc, TrainError)
+            if known:
+                report(exc)
+            what = f"refused the run: {exc}" if known and exc.exit_code == 2 else f"failed: {type(exc).__name__}: {exc}"
+            try:  # the others are told when they can be; rank 0's own error is the one raised here
+                self._share((what, exc.exit_code if known else 1, known))
+            except (RuntimeError, TrainError):
+                pass
+            raise
+        self._share(None)
+        return result
+
+    def _share(self, outcome: tuple | None) -> tuple | None:
+        """Rank 0's `outcome` on every rank (one broadcast of a small pickled object)."""
+        box = [outcome]
+        self._wait(dist.broadcast_object_list, box, src=0, device=self.device)
+        return box[0]
 
     def _wait(self, collective, *args, **kwargs) -> None:
         """`collective(*args, **kwargs)`; its timeout becomes a PeerTimeout naming the silent ranks, and after one

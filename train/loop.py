@@ -204,20 +204,29 @@ def check_world(cfg: TrainConfig, ctx: Dist) -> None:
         )
 
 
-def open_checkpoint(cfg: TrainConfig, loss_cfg, ctx: Dist) -> tuple[dict | None, OutputDir | None]:
-    """Call with the output directory locked: the checkpoint to resume from (checked against the configuration and
-    the job's size), or None for a fresh run; and on rank 0 the checked folder, whose `claim` (called by setup, once
-    nothing can refuse the run) makes it this run's (--overwrite deletes the previous run only then)."""
-    opened = open_output_dir(cfg, loss_cfg) if ctx.is_main else None  # refuses a mix of runs; --resume: checked
-    ctx.barrier()  # (every rank waits for rank 0's checks of the folder)
+def open_checkpoint(
+    cfg: TrainConfig, loss_cfg, ctx: Dist, held: contextlib.ExitStack
+) -> tuple[dict | None, OutputDir | None]:
+    """Rank 0 locks the output directory (until `held` closes) and checks it: the checkpoint to resume from (checked
+    against the configuration and the job's size), or None for a fresh run; and on rank 0 the checked folder, whose
+    `claim` (called by setup, once nothing can refuse the run) makes it this run's (--overwrite deletes the previous
+    run only then). Every rank waits for rank 0's checks and learns their outcome (`Dist.on_main`): a refusal there
+    stops every rank at once, with its exit status."""
+
+    def check() -> OutputDir:
+        held.enter_context(RunLock(cfg.output_dir))
+        opened = open_output_dir(cfg, loss_cfg)  # refuses a mix of runs; --resume: checked
+        if opened.ckpt is not None and opened.ckpt["world_size"] != ctx.world:
+            raise Refused(
+                f"--resume: {cfg.output_dir} was trained by {opened.ckpt['world_size']} process(es), this job has "
+                f"{ctx.world}: resume with the same number (torchrun --nproc_per_node {opened.ckpt['world_size']})"
+            )
+        return opened
+
+    opened = ctx.on_main(check)
     ckpt = opened.ckpt if opened is not None else None
     if cfg.resume and not ctx.is_main:
         ckpt = read_checkpoint(output_path(cfg.output_dir) / "checkpoint" / STATE_FILE)
-    if ckpt is not None and ckpt["world_size"] != ctx.world:
-        raise Refused(
-            f"--resume: {cfg.output_dir} was trained by {ckpt['world_size']} process(es), this job has "
-            f"{ctx.world}: resume with the same number (torchrun --nproc_per_node {ckpt['world_size']})"
-        )
     return ckpt, opened
 
 
@@ -259,9 +268,9 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
     loss_cfg = cfg.loss_config(loss_overrides)  # the one LossConfig of the run
     if cfg.report_to != "none":
         dashboard_backend(cfg.report_to)  # a dashboard that cannot be imported is refused before anything is written
-    with RunLock(cfg.output_dir) if ctx.is_main else contextlib.nullcontext(), STOP:
+    with contextlib.ExitStack() as held, STOP:  # (rank 0 holds the run's lock in `held`)
         STOP.collective = ctx.enabled
-        ckpt, opened = open_checkpoint(cfg, loss_cfg, ctx)
+        ckpt, opened = open_checkpoint(cfg, loss_cfg, ctx, held)
         run = setup(cfg, loss_cfg, model_and_tokenizer, ctx, opened.claim if opened is not None else None)
         state, keep = resume(run, ckpt) if ckpt is not None else (fresh_state(run), None)
         reset_train_peak(run.device)  # train_peak_mem_mb: from here on (the models are resident, loading is over)

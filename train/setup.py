@@ -106,7 +106,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     """Everything before the first step, in the order that fixes the random stream: the policy (and the reference
     model of the KL presets), optimizer and schedule, the rollout engine, the task and its held-out set, the features;
     then the run's files (config.json) and the KL-from-init probe. In a torchrun job (`ctx`) every rank builds the same
-    model and probe; rank 0 writes the files; each rank then gets its own sampling seed. `claim(heldout)` (rank 0 of
+    model and probe; rank 0 writes the files (the others learn whether its claim and config.json could be done:
+    `Dist.on_main`); each rank then gets its own sampling seed. `claim(heldout)` (rank 0 of
     `train()`: rundir.OutputDir.claim) runs once every check here that can refuse the run has passed, before the first
     file is written: only then does --overwrite delete the previous run."""
     if cfg.threads:
@@ -160,11 +161,14 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
     run.features = build_features(cfg, run)  # (the reward pre-flight: the last check that can refuse the run)
-    if claim is not None:
-        claim(run.heldout)
-    if ctx.is_main:
+
+    def begin() -> None:  # rank 0: the folder becomes this run's (claim may still refuse a resume), config.json
+        if claim is not None:
+            claim(run.heldout)
         config = {"train": dataclasses.asdict(cfg), "loss": dataclasses.asdict(loss_cfg), "world_size": ctx.world}
         write_json(out_dir / "config.json", config, indent=2)
+
+    ctx.on_main(begin)  # (every rank learns whether it could: a refusal stops them all)
     run.probe = kl_probe(cfg, model, tok, task, system_prompt, out_dir / "probe.pt", device, ctx.is_main)
     if ctx.enabled:  # rollouts differ across ranks (a run of one process keeps the stream it always had)
         torch.manual_seed(cfg.seed + 1_000_003 * ctx.rank)
