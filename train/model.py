@@ -133,30 +133,41 @@ HUB_TIMEOUT_S = 10.0  # the one question to the Hub before loading (transformers
 
 
 def hub_source(name: str) -> dict:
-    """How transformers should load `name`, a Hub id that is no local folder: {} when the Hub knows it (or
-    HF_HUB_OFFLINE is set: transformers then reads the cache only, without retries); {"local_files_only": True} when
-    the Hub does not answer but the cache holds its config (a line says so), instead of ~30 s of retries per file
-    before transformers falls back to the cache; else ModelUnavailable saying why, at once, instead of after ~60 s."""
+    """How transformers should load `name`, a Hub id that is no local folder: {} when the Hub knows it, when it
+    answers otherwise (a mirror without the Hub's API: transformers then tries the files) or when HF_HUB_OFFLINE is
+    set (transformers reads the cache only, without retries); {"local_files_only": True} when the Hub cannot be
+    reached or refuses the model but the cache holds its config (a line says so), instead of ~30 s of retries per
+    file before transformers falls back to the cache; else ModelUnavailable saying why, at once, instead of after
+    ~60 s of retries."""
     from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.utils import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
     if Path(name).expanduser().is_dir() or constants.HF_HUB_OFFLINE:
         return {}
     try:  # one request, no retries
         model_info(name, timeout=HUB_TIMEOUT_S)
         return {}
-    except Exception as exc:  # noqa: BLE001 (the transport's errors differ by huggingface_hub version)
-        why = f"{type(exc).__name__}: {_first_line(exc)}"
-    try:
-        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # not a valid Hub id either
-        cached = False
-    if cached:
-        print(f"model: the Hugging Face Hub did not answer for {name!r} ({why}); loading it from the local cache",
-              flush=True)  # fmt: skip
+    except HFValidationError as exc:
+        why = _first_line(exc)
+        raise ModelUnavailable(f"--model {name!r}: no local folder, nor a Hugging Face model id ({why})") from exc
+    except RepositoryNotFoundError as exc:  # the Hub answered: no such model, or not for this login (private, gated)
+        why, refused = f"{type(exc).__name__}: {_first_line(exc)}", True
+    except HfHubHTTPError:  # another answer (a mirror that serves files but not the API, a server error): let
+        return {}  # transformers try its downloads, as it would have without this check
+    except Exception as exc:  # noqa: BLE001 (unreachable: the transport's errors differ by huggingface_hub version)
+        why, refused = f"{type(exc).__name__}: {_first_line(exc)}", False
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        status = "refused" if refused else "could not be reached for"
+        print(f"model: the Hugging Face Hub {status} {name!r} ({why}); loading it from the local cache", flush=True)
         return {"local_files_only": True}
+    if refused:
+        raise ModelUnavailable(
+            f"--model {name!r}: no local folder, not in the Hugging Face cache, and the Hub refused it ({why}): check "
+            f"the name; a private or gated model needs a login (hf auth login, or HF_TOKEN)"
+        )
     raise ModelUnavailable(
-        f"--model {name!r}: not 'smollm2-135m', 'tiny', a local GGUF file or model folder, nor in the Hugging Face "
-        f"cache, and the Hub did not serve it ({why}); download it first (hf download {name}) or pass a local folder"
+        f"--model {name!r}: no local folder, not in the Hugging Face cache, and the Hub could not be reached ({why}): "
+        f"download it where the Hub can be reached (hf download {name}) and pass its folder, or fill the cache"
     )
 
 
