@@ -117,9 +117,56 @@ def test_rank0_refusal_reaches_a_rank_waiting_for_it_at_once(tmp_path, case):
     spawn(_train_rank, (2, free_port(), str(out), case, str(results)), nprocs=2, timeout=240)
     first, other = (json.loads((results / f"rank{r}.json").read_text()) for r in (0, 1))
     assert first["type"] == "Refused" and first["exit_code"] == 2, first
-    assert other["type"] == "StoppedWithRank0" and other["exit_code"] == 2, other
+    assert other["type"] == "RefusedWithRank0" and other["exit_code"] == 2, other  # a Refused and a StoppedWithRank0
     assert other["message"].startswith("rank 1: stopped with rank 0, which refused the run: "), other
     assert first["message"] in other["message"], other
     waited = other["t"] - first["t"]
     print(f"{case}: rank 1 stopped {waited:.2f} s after rank 0's refusal")
     assert waited < TIMEOUT_S / 2, f"rank 1 stopped {waited:.1f} s after rank 0's refusal (timeout {TIMEOUT_S:g} s)"
+
+
+LATE_TIMEOUT_S = 4.0
+
+
+def _late_rank(rank: int, world: int, port: int, out: str, results: str) -> None:
+    """Rank 1 reaches train() only after rank 0's refusal has waited --dist-timeout-s to tell it (a slow start)."""
+    import torch.distributed as dist
+
+    from train import loop
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    init_gloo(rank, world, port, LATE_TIMEOUT_S)
+    if rank == 1:
+        time.sleep(2.5 * LATE_TIMEOUT_S)
+    try:
+        loop.train(tiny_cfg(out, prompts_per_step=4, threads=1, dist_timeout_s=LATE_TIMEOUT_S))
+        result = {"type": None}
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)
+        result = {"type": type(exc).__name__, "exit_code": getattr(exc, "exit_code", None), "message": str(exc)}
+    Path(results, f"rank{rank}.json").write_text(json.dumps(result))
+    if rank == 0:
+        wait_for(lambda: Path(results, "rank1.json").exists(), 8 * LATE_TIMEOUT_S)
+    gc.collect()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_rank0_refusal_stands_when_no_rank_came_to_hear_it(tmp_path):
+    """Telling the others timed out: rank 0 still raises its own refusal (exit 2), not the broadcast's timeout."""
+    out = _foreign_folder(tmp_path)
+    results = tmp_path / "results"
+    results.mkdir()
+    spawn(_late_rank, (2, free_port(), str(out), str(results)), nprocs=2, timeout=240)
+    first = json.loads((results / "rank0.json").read_text())
+    assert first["type"] == "Refused" and first["exit_code"] == 2, first
+    assert "metrics.jsonl" in first["message"], first
+    assert json.loads((results / "rank1.json").read_text())["type"] is not None
+
+
+def test_a_refusal_by_rank_0_is_a_refused_on_every_rank():
+    """`except Refused` catches it on the other ranks too (the world-size refusal was each rank's own Refused)."""
+    from train.errors import Refused, RefusedWithRank0, StoppedWithRank0
+
+    stop = RefusedWithRank0("rank 1: stopped with rank 0, which refused the run: ...", 2, True)
+    assert isinstance(stop, Refused) and isinstance(stop, StoppedWithRank0) and stop.exit_code == 2

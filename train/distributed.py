@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .errors import StoppedWithRank0, TrainError, report
+from .errors import Refused, RefusedWithRank0, StoppedWithRank0, TrainError, report
 
 T = TypeVar("T")
 
@@ -153,7 +153,8 @@ class Dist:
             outcome = self._share(None)
             if outcome is not None:
                 what, code, reported = outcome
-                raise StoppedWithRank0(f"rank {self.rank}: stopped with rank 0, which {what}", code, reported)
+                stop = RefusedWithRank0 if code == Refused.exit_code else StoppedWithRank0
+                raise stop(f"rank {self.rank}: stopped with rank 0, which {what}", code, reported)
             return None
         try:
             result = work()
@@ -164,8 +165,8 @@ class Dist:
             what = f"refused the run: {exc}" if known and exc.exit_code == 2 else f"failed: {type(exc).__name__}: {exc}"
             try:  # the others are told when they can be; rank 0's own error is the one raised here
                 self._share((what, exc.exit_code if known else 1, known))
-            except (RuntimeError, TrainError):
-                pass
+            except (RuntimeError, TrainError):  # no other rank came to hear it: its timeout must not stand in for
+                self.failed.clear()  # rank 0's error (train() raises a recorded PeerTimeout in place of what it got)
             raise
         self._share(None)
         return result

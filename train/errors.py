@@ -28,6 +28,11 @@ class StoppedWithRank0(TrainError):
         self.exit_code, self.reported = exit_code, reported
 
 
+class RefusedWithRank0(StoppedWithRank0, Refused):
+    """StoppedWithRank0 when rank 0 refused the run (exit 2): a Refused too, so `except Refused` catches it on every
+    rank, as it caught the refusals that every rank made itself before they were made on rank 0 alone."""
+
+
 def report(exc: TrainError) -> None:
     """`error: MESSAGE` on stderr, once per error (`python -m train`'s one line instead of a traceback)."""
     if not exc.reported:
