@@ -43,8 +43,9 @@ INERT_CASES = [
     (["--use-vllm", "off", "--vllm-dtype", "bfloat16"],
      f"warning: --vllm-dtype bfloat16 does nothing with --use-vllm off ({HF})"),
     (["--vllm-kv-cache-gb", "2", "--use-vllm", "off"],
-     f"warning: --vllm-kv-cache-gb 2.0 does nothing with --use-vllm off ({HF})"),
-    (["--use-vllm", "off", "--tis-cap", "5"], f"warning: --tis-cap 5.0 does nothing with --use-vllm off ({TIS})"),
+     f"warning: --vllm-kv-cache-gb 2 does nothing with --use-vllm off ({HF})"),
+    (["--use-vllm", "off", "--tis-cap", "5"], f"warning: --tis-cap 5 does nothing with --use-vllm off ({TIS})"),
+    (["--use-vllm", "off", "--tis-cap", "2.5"], f"warning: --tis-cap 2.5 does nothing with --use-vllm off ({TIS})"),
     (["--use-vllm", "off", "--tis-mode", "sequence_mask"],
      f"warning: --tis-mode sequence_mask does nothing with --use-vllm off ({TIS})"),
     (["--use-vllm", "off", "--tis-min", "0.5"], f"warning: --tis-min 0.5 does nothing with --use-vllm off ({TIS})"),
@@ -96,7 +97,7 @@ def test_no_warning_when_the_field_acts_or_is_at_its_default(argv, capsys):
 
 def test_several_fields_one_line_each_and_only_when_asked(capsys):
     argv = ["--kl-every", "0", "--probe-size", "8", "--eval-k", "0", "--eval-k-problems", "5", "--lora-r", "4",
-            "--lora-alpha", "4", "--use-vllm", "off", "--vllm-dtype", "float32", "--tis-cap", "0", "--task",
+            "--lora-alpha", "4", "--use-vllm", "off", "--vllm-dtype", "float32", "--tis-cap", "2", "--task",
             "wordproblems", "--difficulty", "2"]  # fmt: skip
     lines = warnings(argv, capsys)
     flags = ["--probe-size", "--eval-k-problems", "--lora-r", "--lora-alpha", "--vllm-dtype", "--tis-cap",
@@ -104,6 +105,8 @@ def test_several_fields_one_line_each_and_only_when_asked(capsys):
     assert [line.split()[1] for line in lines] == flags
     assert all(line.startswith("warning: ") and " does nothing with" in line for line in lines)  # (with/without)
     assert warnings(argv, capsys, warn=False) == []  # the study's checking parse: its runs' logs say it once
+    off = argv[: argv.index("--tis-cap")] + ["--tis-cap", "0"] + argv[argv.index("--tis-cap") + 2 :]
+    assert [line.split()[1] for line in warnings(off, capsys)] == [f for f in flags if f != "--tis-cap"]  # off: silent
     cfg, _ = parse_args(argv)
     assert cfg.probe_size == 8 and cfg.lora_r == 4 and cfg.difficulty == "2"  # nothing refused, nothing changed
 

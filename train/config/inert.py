@@ -67,6 +67,10 @@ INERT: tuple[Inert, ...] = (
 )
 
 
+# a field's own "off" value: setting it so where the field does nothing anyway says nothing
+OFF_VALUES: dict[str, object] = {"tis_cap": 0}
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -77,6 +81,8 @@ def _show(value) -> str:
         return str(value).lower()
     if value is None:
         return "none"
+    if isinstance(value, float):
+        return f"{value:g}"  # 0, not 0.0: as typed
     return shlex.quote(value) if isinstance(value, str) else str(value)
 
 
@@ -96,6 +102,8 @@ def inert_warnings(cfg, given: Mapping[str, str], base: Mapping[str, object]) ->
         for name in row.fields:
             value = getattr(cfg, name)
             if name in warned or name not in given or value == base.get(name) or not row.inert(control):
+                continue
+            if name in OFF_VALUES and value == OFF_VALUES[name]:
                 continue
             warned.add(name)
             where = f" ({given[name]})" if given[name] else ""
