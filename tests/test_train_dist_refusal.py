@@ -64,7 +64,6 @@ def _train_rank(rank: int, world: int, port: int, out: str, case: str, results: 
     """One rank of a job whose process group this process owns (train() then leaves it alone, as a script that calls
     train() itself would): rank 0 keeps its connections open after its refusal until rank 1 has stopped, as NCCL's
     stay open after a peer exits, so rank 1 learns of the refusal only from the trainer."""
-    import torch.distributed as dist
 
     from train import loop
     from train.errors import Refused
@@ -91,17 +90,30 @@ def _train_rank(rank: int, world: int, port: int, out: str, case: str, results: 
                 raise
 
         loop.open_output_dir = open_output_dir
-    cfg = tiny_cfg(out, prompts_per_step=4, threads=1, dist_timeout_s=TIMEOUT_S)
+    result = _outcome(tiny_cfg(out, prompts_per_step=4, threads=1, dist_timeout_s=TIMEOUT_S))
+    result["t"] = refused_at[0] if refused_at else time.time()  # rank 0: its refusal; rank 1: its stop
+    _finish(rank, results, result, 3 * TIMEOUT_S)
+
+
+def _outcome(cfg) -> dict:
+    """train(cfg)'s outcome on this rank: its exception's type, exit status and message (type None: it finished)."""
+    from train import loop
+
     try:
         loop.train(cfg)
-        result = {"type": None}
+        return {"type": None}
     except BaseException as exc:
         traceback.clear_frames(exc.__traceback__)
-        result = {"type": type(exc).__name__, "exit_code": getattr(exc, "exit_code", None), "message": str(exc)}
-    result["t"] = refused_at[0] if refused_at else time.time()  # rank 0: its refusal; rank 1: its stop
+        return {"type": type(exc).__name__, "exit_code": getattr(exc, "exit_code", None), "message": str(exc)}
+
+
+def _finish(rank: int, results: str, result: dict, wait_s: float) -> None:
+    """Writes this rank's outcome; rank 0 keeps its connections open until rank 1 has written its own."""
+    import torch.distributed as dist
+
     Path(results, f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0:
-        wait_for(lambda: Path(results, "rank1.json").exists(), 3 * TIMEOUT_S)
+        wait_for(lambda: Path(results, "rank1.json").exists(), wait_s)
     gc.collect()
     dist.destroy_process_group()
 
@@ -130,25 +142,12 @@ LATE_TIMEOUT_S = 4.0
 
 def _late_rank(rank: int, world: int, port: int, out: str, results: str) -> None:
     """Rank 1 reaches train() only after rank 0's refusal has waited --dist-timeout-s to tell it (a slow start)."""
-    import torch.distributed as dist
-
-    from train import loop
-
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     init_gloo(rank, world, port, LATE_TIMEOUT_S)
     if rank == 1:
         time.sleep(2.5 * LATE_TIMEOUT_S)
-    try:
-        loop.train(tiny_cfg(out, prompts_per_step=4, threads=1, dist_timeout_s=LATE_TIMEOUT_S))
-        result = {"type": None}
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)
-        result = {"type": type(exc).__name__, "exit_code": getattr(exc, "exit_code", None), "message": str(exc)}
-    Path(results, f"rank{rank}.json").write_text(json.dumps(result))
-    if rank == 0:
-        wait_for(lambda: Path(results, "rank1.json").exists(), 8 * LATE_TIMEOUT_S)
-    gc.collect()
-    dist.destroy_process_group()
+    result = _outcome(tiny_cfg(out, prompts_per_step=4, threads=1, dist_timeout_s=LATE_TIMEOUT_S))
+    _finish(rank, results, result, 8 * LATE_TIMEOUT_S)
 
 
 @pytest.mark.slow
