@@ -162,7 +162,7 @@ class Dist:
             known = isinstance(exc, TrainError)
             if known:
                 report(exc)
-            what = f"refused the run: {exc}" if known and exc.exit_code == 2 else f"failed: {type(exc).__name__}: {exc}"
+            what = f"refused the run: {exc}" if isinstance(exc, Refused) else f"failed: {type(exc).__name__}: {exc}"
             try:  # the others are told when they can be; rank 0's own error is the one raised here
                 self._share((what, exc.exit_code if known else 1, known))
             except (RuntimeError, TrainError):  # no other rank came to hear it: its timeout must not stand in for

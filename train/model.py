@@ -151,11 +151,11 @@ def hub_source(name: str) -> dict:
         why = _first_line(exc)
         raise ModelUnavailable(f"--model {name!r}: no local folder, nor a Hugging Face model id ({why})") from exc
     except RepositoryNotFoundError as exc:  # the Hub answered: no such model, or not for this login (private, gated)
-        why, refused = f"{type(exc).__name__}: {_first_line(exc)}", True
+        why, refused = _why(exc), True
     except HfHubHTTPError:  # another answer (a mirror that serves files but not the API, a server error): let
         return {}  # transformers try its downloads, as it would have without this check
     except Exception as exc:  # noqa: BLE001 (unreachable: the transport's errors differ by huggingface_hub version)
-        why, refused = f"{type(exc).__name__}: {_first_line(exc)}", False
+        why, refused = _why(exc), False
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         status = "refused" if refused else "could not be reached for"
         print(f"model: the Hugging Face Hub {status} {name!r} ({why}); loading it from the local cache", flush=True)
@@ -173,6 +173,11 @@ def hub_source(name: str) -> dict:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+
+
+def _why(exc: BaseException) -> str:
+    """'Type: the first line of its message', for a refusal's parentheses."""
+    return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
 GGUF_MODULE = "transformers.modeling_gguf_pytorch_utils"  # its de-quantization loop runs a tqdm bar of its own
@@ -237,7 +242,7 @@ def load_model_and_tokenizer(
     except OSError as exc:  # a folder or cached copy without a model's files, a download that failed: say which
         raise ModelUnavailable(
             f"--model {name!r}: not 'smollm2-135m', 'tiny', a local model folder, or a Hugging Face model this machine "
-            f"can download ({type(exc).__name__}: {_first_line(exc)})"
+            f"can download ({_why(exc)})"
         ) from exc
     if "gguf_file" in kwargs:  # de-quantized on load: a plain float model, though HF still flags it as quantized
         model.hf_quantizer, model.is_quantized = None, False  # (which makes HF Trainer / TRL refuse to fine-tune it)

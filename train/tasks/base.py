@@ -87,8 +87,9 @@ def check_split(heldout_frac: float, questions: Iterable[str] | None, flags: str
     )
 
 
+DRAW_TRIES = 10_000  # `_draw` gives up after this many problems from the other side
 MASS_DRAWS = 10_000  # draws that measure how often the generator lands on each side of the split
-MIN_SIDE_MASS = 0.002  # below it `_draw`'s 10,000 tries can run out mid-run (a side drawn 0.001 of the time: e^-10)
+MIN_SIDE_MASS = 0.002  # below it DRAW_TRIES can run out mid-run (a side drawn 0.001 of the time: e^-10 a draw)
 
 
 class ProceduralTask:
@@ -118,7 +119,7 @@ class ProceduralTask:
             )
 
     def _draw(self, rng: random.Random, heldout: bool) -> Problem:
-        for _ in range(10_000):
+        for _ in range(DRAW_TRIES):
             question, answer = self._generate(rng)
             if _is_heldout(question, self.heldout_frac) == heldout:
                 return Problem(self.template.format(question=question), str(answer), question)
