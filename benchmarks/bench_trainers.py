@@ -47,14 +47,17 @@ from benchmarks.common import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINERS = ("bundled", "trl", "sgrpo", "bundled-vllm-fp32", "bundled-vllm-bf16")
+TRAINERS = ("bundled", "trl", "sgrpo", "bundled-vllm-fp32", "bundled-vllm-bf16", "bundled-vllm-bf16-sized")
 DEFAULT_TRAINERS = ("bundled", "trl", "sgrpo")
 # the bundled trainer's rollout engine per kind (docs/rollouts.md); the vLLM kinds run under --vllm-python
 ENGINE_FLAGS = {
     "bundled": ["--use-vllm", "off"],
     "bundled-vllm-fp32": ["--use-vllm", "on", "--vllm-dtype", "float32"],
     "bundled-vllm-bf16": ["--use-vllm", "on", "--vllm-dtype", "bfloat16"],
-}
+    # the engine sized to the job's short sequences (its records equal the default engine's: tests/test_train_vllm.py)
+    "bundled-vllm-bf16-sized": ["--use-vllm", "on", "--vllm-dtype", "bfloat16", "--vllm-max-model-len", "1024",
+                                "--vllm-kv-cache-gb", "0.1"],
+}  # fmt: skip
 SCRATCH = scratch_dir()
 TRL_MODULES = ("trl", "datasets")  # what the TRL workers import besides the trainer's own packages
 
@@ -222,7 +225,9 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     names = {"bundled": "bundled `python -m train`, HF generate", "trl": "TRL `GRPOTrainer`",
              "sgrpo": "`SGRPOTrainer` (TRL)", "bundled-vllm-fp32": "bundled `python -m train`, vLLM fp32",
-             "bundled-vllm-bf16": "bundled `python -m train`, vLLM bf16"}  # fmt: skip
+             "bundled-vllm-bf16": "bundled `python -m train`, vLLM bf16",
+             "bundled-vllm-bf16-sized": "bundled, vLLM bf16, `--vllm-max-model-len 1024 --vllm-kv-cache-gb 0.1`",
+             }  # fmt: skip
     for r in rows:
         ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
         gen = r.get("gen_s")

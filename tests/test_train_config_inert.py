@@ -44,6 +44,8 @@ INERT_CASES = [
      f"warning: --vllm-dtype bfloat16 does nothing with --use-vllm off ({HF})"),
     (["--vllm-kv-cache-gb", "2", "--use-vllm", "off"],
      f"warning: --vllm-kv-cache-gb 2 does nothing with --use-vllm off ({HF})"),
+    (["--vllm-max-model-len", "256", "--use-vllm", "off"],
+     f"warning: --vllm-max-model-len 256 does nothing with --use-vllm off ({HF})"),
     (["--use-vllm", "off", "--tis-cap", "5"], f"warning: --tis-cap 5 does nothing with --use-vllm off ({TIS})"),
     (["--use-vllm", "off", "--tis-cap", "2.5"], f"warning: --tis-cap 2.5 does nothing with --use-vllm off ({TIS})"),
     (["--use-vllm", "off", "--tis-mode", "sequence_mask"],
@@ -84,6 +86,7 @@ AT_DEFAULT = [
     ["--lora"],
     ["--probe-size", "16", "--kl-every", "0"],  # typed, but the default value: nothing was changed
     ["--use-vllm", "off", "--tis-cap", "3", "--vllm-dtype", "auto"],
+    ["--use-vllm", "off", "--vllm-max-model-len", "0"],  # its off value
     ["--run-preset", "smoke", "--kl-every", "0"],  # smoke's probe_size 4: the run preset's, not the user's
     ["--run-preset", "gpu", "--task", "wordproblems"],  # gpu's difficulty 3-6, likewise
     ["--run-preset", "smoke", "--probe-size", "4", "--kl-every", "0"],

@@ -123,6 +123,39 @@ def test_sync_follows_the_trainer(setup):
     assert _vllm_greedy(engine, tok, model, prompts) == before
 
 
+def test_sync_sends_only_the_weights_training_can_change(setup, monkeypatch):
+    """A frozen tensor (requires_grad False: the layers below --train-layers) holds what the engine started with and
+    is not sent again; what is sent makes vLLM's greedy completions HF's for the trained weights. (Before: every
+    tensor, frozen or not, at every sync.)"""
+    model, tok, engine, _, _, prompts = setup
+    moved = _moved(model, seed=4)  # the top 4 layers, the final norm and the (tied) embeddings moved
+    dec = moved.get_decoder()
+    trained = [*(p for layer in list(dec.layers)[-4:] for p in layer.parameters()), *dec.norm.parameters()]
+    trained = {id(p) for p in [*trained, dec.embed_tokens.weight]}
+    for p in moved.parameters():
+        p.requires_grad_(id(p) in trained)
+    sent: list[str] = []
+    real = engine.llm.collective_rpc
+
+    def spy(method, kwargs):
+        items = list(kwargs["weights_iterator"])
+        sent.extend(name for name, _ in items)
+        return real(method, kwargs={**kwargs, "weights_iterator": iter(items)})
+
+    monkeypatch.setattr(engine.llm, "collective_rpc", spy)
+    engine.sync(model)  # every parameter trainable: all of them
+    everything, sent[:] = list(sent), []
+    engine.sync(moved)
+    top = [f"model.layers.{i}." for i in range(len(dec.layers) - 4, len(dec.layers))]
+    assert sent and all(n.startswith((*top, "model.norm.", "model.embed_tokens.", "lm_head.")) for n in sent), sent
+    assert "model.layers.0.self_attn.q_proj.weight" in everything and len(sent) < len(everything) / 4
+    want = _hf_greedy(moved, tok, prompts)
+    assert want != _hf_greedy(model, tok, prompts), "the test's weight change does not change the greedy completions"
+    assert _vllm_greedy(engine, tok, moved, prompts) == want
+    engine.sync(model)
+    assert _vllm_greedy(engine, tok, model, prompts) == _hf_greedy(model, tok, prompts)
+
+
 def test_sync_merges_lora(setup):
     """A LoRA policy (peft, adapters with non-zero B) syncs as base + scale * B @ A: vLLM's greedy completions equal
     the peft model's own."""
@@ -207,6 +240,33 @@ def test_training_run_use_vllm_on(tmp_path):
                           text=True, timeout=600)  # fmt: skip  # a process of its own: the user's, no trainer
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "served: 2 equal" in proc.stdout, proc.stdout[-3000:]
+
+
+def _train(out: Path, *flags: str) -> subprocess.CompletedProcess:
+    args = ["--use-vllm", "on", "--vllm-dtype", "float32", "--max-steps", "2", "--eval-problems", "8", "--eval-k"]
+    args += ["0", "--kl-every", "0", "--save-model", "false", "--progress", "false", "--output-dir", str(out)]
+    return subprocess.run([sys.executable, "-m", "train", *args, *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+
+
+def test_a_smaller_engine_context_samples_the_same_and_refuses_what_does_not_fit(tmp_path):
+    """--vllm-max-model-len 1024 --vllm-kv-cache-gb 0.1 (a cache vLLM refuses for the model's own 8192-token context):
+    the run's records equal the default engine's but for timings and memory. A context the held-out prompts (~26
+    tokens) and --max-new-tokens 12 do not fit is refused before the run starts (exit 2, one line, nothing written),
+    not cut short by vLLM."""
+    runs = {}
+    for name, flags in (("default", ()), ("sized", ("--vllm-max-model-len", "1024", "--vllm-kv-cache-gb", "0.1"))):
+        proc = _train(tmp_path / name, *flags)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    timing = ("step_s", "gen_s", "sync_s", "tokens_per_s", "peak_mem_mb")  # (train_peak_mem_mb too)
+    same = [{k: v for k, v in r.items() if not k.endswith(timing)} for r in runs["default"]]
+    assert [{k: v for k, v in r.items() if not k.endswith(timing)} for r in runs["sized"]] == same
+    proc = _train(tmp_path / "short", "--vllm-max-model-len", "30")
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "error: --vllm-max-model-len 30: a prompt of " in proc.stderr and "Traceback" not in proc.stderr
+    assert "--max-new-tokens 12 need a context of" in proc.stderr, proc.stderr[-2000:]
+    assert not any((tmp_path / "short").iterdir())
 
 
 # A user serving OUTPUT_DIR/model/ (argv[1]) with vLLM as it is, against transformers on the same folder: greedy

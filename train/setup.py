@@ -139,7 +139,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
     render = lambda p: chat_prompts(tok, [p], system_prompt)[0]  # noqa: E731 -- the text the rollout feeds the model
-    check_prompts_fit(task, tok, model, cfg.max_new_tokens, render)  # a JSONL task's prompts fit the model's context
+    check_prompts_fit(task, tok, model, cfg.max_new_tokens, render, getattr(engine, "context", None))  # a JSONL
+    # task's prompts fit the model's context and the engine's
     sampling = Sampling.of(cfg, system_prompt, format_weight=cfg.format_reward_weight)
     run = Run(
         loss_cfg=loss_cfg,
@@ -160,6 +161,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         dist=ctx,
         **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
+    if engine.name == "vllm" and cfg.vllm_max_model_len:  # the held-out prompts fit its context (refused now, not
+        engine.check_prompts([render(p) for p in run.heldout], cfg.max_new_tokens)  # at the first evaluation)
     run.features = build_features(cfg, run)  # (the reward pre-flight: the last check that can refuse the run)
 
     def begin() -> None:  # rank 0: the folder becomes this run's (claim may still refuse a resume), config.json

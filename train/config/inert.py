@@ -56,7 +56,12 @@ INERT: tuple[Inert, ...] = (
         bool,
         "the LoRA adapters are what is trained; the base model stays frozen",
     ),
-    Inert(("vllm_dtype", "vllm_kv_cache_gb"), "use_vllm", _vllm_off, "rollouts come from HF generate: no vLLM engine"),
+    Inert(
+        ("vllm_dtype", "vllm_kv_cache_gb", "vllm_max_model_len"),
+        "use_vllm",
+        _vllm_off,
+        "rollouts come from HF generate: no vLLM engine",
+    ),
     Inert(
         ("tis_cap", "tis_mode", "tis_min"),
         "use_vllm",
@@ -68,7 +73,7 @@ INERT: tuple[Inert, ...] = (
 
 
 # a field's own "off" value: setting it so where the field does nothing anyway says nothing
-OFF_VALUES: dict[str, object] = {"tis_cap": 0}
+OFF_VALUES: dict[str, object] = {"tis_cap": 0, "vllm_max_model_len": 0}
 
 
 def _flag(name: str) -> str:

@@ -164,6 +164,12 @@ class TrainConfig:
         OneOf("auto", "float32", "bfloat16"),
     )
     vllm_kv_cache_gb: float = option(1.0, "the vLLM engine's KV cache, GiB (host memory on CPU)", Range(gt=0))
+    vllm_max_model_len: int = option(
+        0,
+        "the vLLM engine's context in tokens (prompt + completion); 0 = the model's own. A smaller one lets a smaller "
+        "--vllm-kv-cache-gb start (vLLM wants room for one full-context sequence); a longer prompt is refused",
+        Range(ge=0),
+    )
     tis_cap: float = option(
         3.0,
         "truncated importance sampling of a vLLM rollout: each token's loss times min(pi_trainer / pi_sampler, "
@@ -305,6 +311,12 @@ class TrainConfig:
             if value != default and not getattr(self, needs):
                 raise ConfigError(name, f"{name}={value!r} has no effect without {needs}: set {needs} too")
         self._check_sampler_correction()
+        if 0 < self.vllm_max_model_len <= self.max_new_tokens:
+            raise ConfigError(
+                "vllm_max_model_len",
+                f"vllm_max_model_len={self.vllm_max_model_len} leaves no room for a prompt beside max_new_tokens="
+                f"{self.max_new_tokens}: expected 0 (the model's context) or more than {self.max_new_tokens}",
+            )
         if self.train_layers == 0 and not self.train_lm_head and not self.lora:
             raise ConfigError("train_layers", "train_layers=0 without train_lm_head or lora: nothing would be trained")
         try:
@@ -359,6 +371,7 @@ RESUME_SAFE = frozenset(
         "overwrite",
         "step_guard",
         "vllm_kv_cache_gb",  # the vLLM engine's cache size (its completions do not depend on it)
+        "vllm_max_model_len",  # its context: a prompt that does not fit is refused, the others sample the same
         "report_to",  # where the metrics are also logged
         "save_model",
         "log_mechanism",  # measures only: the weights and the random streams are the same with it or without

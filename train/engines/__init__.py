@@ -41,7 +41,10 @@ def make_engine(cfg, model, tok, device: torch.device, dist) -> RolloutEngine:
     if why is None:
         try:
             dtype, chosen = engine_dtype(cfg.vllm_dtype, device)
-            return VLLMEngine(model, tok, eos_ids(tok, model), dtype, cfg.vllm_kv_cache_gb, cfg.seed, why=chosen)
+            return VLLMEngine(
+                model, tok, eos_ids(tok, model), dtype, cfg.vllm_kv_cache_gb, cfg.seed,
+                max_model_len=cfg.vllm_max_model_len or None, why=chosen,
+            )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 -- auto: any failure to start falls back to HF generate, with why
             if cfg.use_vllm == "on":
                 if isinstance(exc, Refused):

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..errors import Refused
-from ..export import merged_state, write_hf_folder
+from ..export import base_model, merged_state, write_hf_folder
 from .base import Generated
 
 CPU_BLOCK_SIZE = 32  # KV-cache block on CPU: prompts share full blocks only (module docstring)
@@ -161,6 +161,7 @@ class VLLMEngine:
                 **({"gpu_memory_utilization": 0.3} if device.type == "cuda" else {}),
             )
         self.dtype = dtype
+        self.context, self.context_flag = self.llm.model_config.max_model_len, max_model_len or 0
         self.syncs = 0
         why = f"; {why}" if why else ""
         took = time.time() - t0
@@ -188,6 +189,7 @@ class VLLMEngine:
             {"prompt_token_ids": ids[mask.bool()].tolist()}
             for ids, mask in zip(enc["input_ids"], enc["attention_mask"])
         ]
+        self.check_fits(max(len(p["prompt_token_ids"]) for p in token_prompts), max_new_tokens)
         outs = self.llm.generate(token_prompts, params, use_tqdm=False)
         rows, logps = [], []
         for o in outs:
@@ -201,6 +203,25 @@ class VLLMEngine:
         lp = torch.tensor([r + [0.0] * (width - len(r)) for r in logps], dtype=torch.float32)
         return Generated(ids, None if greedy else lp)
 
+    def check_prompts(self, prompts: list[str], max_new_tokens: int) -> None:
+        """`check_fits` for the longest of `prompts` (chat-formatted text, tokenized as `generate` does)."""
+        enc = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        self.check_fits(max(len(ids) for ids in enc), max_new_tokens)
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refused when a prompt of `prompt_tokens` and `max_new_tokens` do not fit the engine's context: vLLM would
+        refuse a longer prompt, and silently cut a completion short at the context's end."""
+        need = prompt_tokens + max_new_tokens
+        if need <= self.context:
+            return
+        what = f"a prompt of {prompt_tokens} tokens and --max-new-tokens {max_new_tokens} need a context of {need}"
+        if self.context_flag:
+            raise Refused(
+                f"--vllm-max-model-len {self.context_flag}: {what}; raise it (0: the model's own context; --resume "
+                "continues a run it stopped)"
+            )
+        raise Refused(f"{what}; the model's context is {self.context} tokens: lower --max-new-tokens")
+
     def prompt_tokens(self) -> dict[str, int]:
         """Prompt tokens since the engine started: `total` (every completion's prompt) and `cached` (of those, the ones
         whose KV came from the prefix cache instead of a prefill)."""
@@ -208,8 +229,12 @@ class VLLMEngine:
         return {names[m.name]: int(m.value) for m in self.llm.get_metrics() if m.name in names}
 
     def sync(self, model) -> None:
-        """Every weight of `model` into the engine (in place, from memory), then the prefix cache reset."""
-        state = merged_state(model)  # train/export.py: the weights OUTPUT_DIR/model/ would hold
+        """Every weight of `model` that can have changed into the engine (in place, from memory), then the prefix
+        cache reset. A frozen tensor (requires_grad False: the layers below --train-layers, a LoRA model's base
+        weights) still holds what the engine loaded at its start and is not sent: vLLM keeps a layer it gets no
+        weight for as it is (at its INFO log level it says "Failed to load weights" for each such layer)."""
+        frozen = {t.data_ptr() for t in base_model(model).parameters() if not t.requires_grad}
+        state = {n: t for n, t in merged_state(model).items() if t.data_ptr() not in frozen}  # train/export.py
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(state.items()), "is_checkpoint_format": True}
         )

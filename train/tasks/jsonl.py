@@ -155,13 +155,16 @@ def split_by_content(problems: list[Problem], heldout_frac: float, seed: int) ->
     return [p for u in units[:-n_held] for p in u], [p for u in units[-n_held:] for p in u]
 
 
-def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
+def check_prompts_fit(task, tok, model, max_new_tokens: int, render, engine_context: int | None = None) -> None:
     """DataRefused naming the file and line of a prompt of a JSONL task whose chat-formatted tokens and
-    `max_new_tokens` exceed the model's context (`max_position_embeddings`): it would stall or fail the run. Cheap:
-    only prompts whose UTF-8 length could exceed it are tokenized (no tokenizer makes more tokens than bytes, beyond
-    the template's own). `render(problem)`: the text the rollout feeds the model (the chat template applied)."""
+    `max_new_tokens` exceed the model's context (`max_position_embeddings`), or the rollout engine's when it is
+    smaller (`engine_context`, --vllm-max-model-len): it would stall or fail the run. Cheap: only prompts whose UTF-8
+    length could exceed it are tokenized (no tokenizer makes more tokens than bytes, beyond the template's own).
+    `render(problem)`: the text the rollout feeds the model (the chat template applied)."""
     config = getattr(model, "config", None)
-    context = getattr(config, "max_position_embeddings", None)
+    context, whose = getattr(config, "max_position_embeddings", None), "the model's context"
+    if engine_context and not (isinstance(context, int) and 0 < context <= engine_context):
+        context, whose = engine_context, "the vLLM engine's context (--vllm-max-model-len)"
     if not isinstance(task, JsonlTask) or not isinstance(context, int) or context <= 0:
         return
 
@@ -169,11 +172,11 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
         text = render(problem)
         return int(tok([text], return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1])
 
-    room = context - max_new_tokens
+    room, more = context - max_new_tokens, ", or raise --vllm-max-model-len" if engine_context == context else ""
     overhead = tokens(Problem("", ""))
     if room <= overhead:  # no prompt could fit: the flag is at fault, not the data
         raise Refused(
-            f"--max-new-tokens {max_new_tokens}: the model's context is {context} tokens and the chat template alone "
+            f"--max-new-tokens {max_new_tokens}: {whose} is {context} tokens and the chat template alone "
             f"takes {overhead}, so no prompt of {task.path} would fit; use --max-new-tokens < {context - overhead}"
         )
     for p in task.train + task.test:
@@ -182,9 +185,9 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render) -> None:
         n = tokens(p)
         if n > room:
             raise DataRefused(
-                f"{task.path}: line {task.lines.get(p.prompt, '?')}: the prompt is {n} tokens; the model's context is "
-                f"{context} tokens and --max-new-tokens {max_new_tokens}, so a prompt may have at most {room} tokens. "
-                "Shorten or remove it (or lower --max-new-tokens)"
+                f"{task.path}: line {task.lines.get(p.prompt, '?')}: the prompt is {n} tokens; {whose} is {context} "
+                f"tokens and --max-new-tokens {max_new_tokens}, so a prompt may have at most {room} tokens. "
+                f"Shorten or remove it (or lower --max-new-tokens{more})"
             )
 
 
