@@ -87,7 +87,8 @@ def job_flags(args: argparse.Namespace, out: Path) -> list[str]:
             "--max-steps", str(args.steps), "--prompts-per-step", str(args.prompts), "--group-size",
             str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-problems",
             str(args.eval_problems), "--eval-k", "0", "--kl-every", "0", "--save-every", "0", "--progress", "false",
-            "--threads", str(args.threads), "--preset", "s_grpo"]  # fmt: skip
+            "--threads", str(args.threads), "--preset", "s_grpo",
+            "--mixed-precision", args.mixed_precision]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ the TRL workers
@@ -125,8 +126,8 @@ def trl_worker(kind: str, flags: list[str], result: Path) -> None:
         top_p=cfg.top_p, learning_rate=cfg.lr, lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio}, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay, adam_beta2=0.99, max_steps=cfg.max_steps,
-        beta=0.0, bf16=False, use_cpu=True, logging_steps=1, report_to=[], save_strategy="no", seed=cfg.seed,
-        disable_tqdm=True,
+        beta=0.0, bf16=cfg.mixed_precision == "bf16", use_cpu=True, logging_steps=1, report_to=[], save_strategy="no",
+        seed=cfg.seed, disable_tqdm=True,
     )  # fmt: skip
     if kind == "sgrpo":
         config = SGRPOConfig(**common, sgrpo_preset="s_grpo", sgrpo_loss=PRESET_LOSS_DEFAULTS["s_grpo"])
@@ -253,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-problems", type=trainer_value("eval_problems"), default=100)
     p.add_argument("--threads", type=int_at_least(1), default=os.cpu_count() or 1)
     p.add_argument("--seed", type=trainer_value("seed"), default=0)
+    p.add_argument("--mixed-precision", type=trainer_value("mixed_precision"), default="off",
+                   help="bf16: every trainer under bf16 autocast (--mixed-precision bf16; TRL: bf16=True)")  # fmt: skip
     where = p.add_mutually_exclusive_group()
     where.add_argument("--publish", action="store_true", help="write benchmarks/results/trainers_cpu.{json,md}")
     where.add_argument("--out", default=str(SCRATCH), help="results folder (trainers.{json,md}); scratch")
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     job = {k: getattr(args, k) for k in ("model", "steps", "prompts", "group_size", "max_new_tokens", "eval_problems",
-                                         "threads", "seed")}  # fmt: skip
+                                         "threads", "seed", "mixed_precision")}  # fmt: skip
     meta = {"job": job, "cpu": cpu_name(), "git": git_sha(), "versions": versions(), "load1": os.getloadavg()[0],
             "command": shlex.join(["python", "-m", "benchmarks.bench_trainers", *argv])}  # fmt: skip
     (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "trainers": rows}, indent=2) + "\n")

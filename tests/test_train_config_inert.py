@@ -51,6 +51,8 @@ INERT_CASES = [
     (["--use-vllm", "off", "--tis-mode", "sequence_mask"],
      f"warning: --tis-mode sequence_mask does nothing with --use-vllm off ({TIS})"),
     (["--use-vllm", "off", "--tis-min", "0.5"], f"warning: --tis-min 0.5 does nothing with --use-vllm off ({TIS})"),
+    (["--dtype", "bf16", "--mixed-precision", "bf16"],
+     "warning: --mixed-precision bf16 does nothing with --dtype bf16 (the weights compute in bf16 already)"),
     (["--task", "wordproblems", "--difficulty", "3-6"],
      "warning: --difficulty 3-6 does nothing with --task wordproblems (this task has no difficulty levels)"),
     (["--difficulty", "4", "--task", "gsm8k"],
@@ -87,6 +89,8 @@ AT_DEFAULT = [
     ["--probe-size", "16", "--kl-every", "0"],  # typed, but the default value: nothing was changed
     ["--use-vllm", "off", "--tis-cap", "3", "--vllm-dtype", "auto"],
     ["--use-vllm", "off", "--vllm-max-model-len", "0"],  # its off value
+    ["--dtype", "bfloat16", "--mixed-precision", "off"],
+    ["--mixed-precision", "bf16"],  # fp32 weights (auto on CPU): it acts
     ["--run-preset", "smoke", "--kl-every", "0"],  # smoke's probe_size 4: the run preset's, not the user's
     ["--run-preset", "gpu", "--task", "wordproblems"],  # gpu's difficulty 3-6, likewise
     ["--run-preset", "smoke", "--probe-size", "4", "--kl-every", "0"],

@@ -26,7 +26,7 @@ from .distributed import Dist, from_env, shutdown
 from .errors import Refused, TrainError
 from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
 from .export import export_finished
-from .model import resolve_device
+from .model import mixed_precision, resolve_device
 from .probe import kl_from_init
 from .record import reset_train_peak
 from .run.checkpoint import STATE_FILE, read_checkpoint
@@ -317,7 +317,8 @@ def train(cfg: TrainConfig, loss_overrides: dict | None = None, model_and_tokeni
         quiet = open(os.devnull, "w") if not ctx.is_main else None
         with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext():
             try:
-                return _train(cfg, loss_overrides, model_and_tokenizer, ctx, t_start)
+                with mixed_precision(cfg.mixed_precision):  # (off: a context that does nothing)
+                    return _train(cfg, loss_overrides, model_and_tokenizer, ctx, t_start)
             finally:
                 if quiet:
                     quiet.close()

@@ -4,6 +4,7 @@ are trained (top layers, the head, LoRA). The forward that returns hidden states
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import importlib.util
@@ -258,6 +259,29 @@ def decoder(model) -> torch.nn.Module:
     """The transformer stack without the LM head (works through a peft wrapper)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_decoder()
+
+
+_AUTOCAST: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("sgrpo_autocast", default=None)
+
+
+@contextlib.contextmanager
+def mixed_precision(name: str):
+    """Within it, `autocast(model)` is torch.autocast(bfloat16) for `--mixed-precision bf16` (a context that does
+    nothing for off): the decoder's forwards (train/policy.py) and HF generate; the weights, gradients, optimizer and
+    the LM head's log-probs keep the model's dtype."""
+    token = _AUTOCAST.set({"off": None, "bf16": torch.bfloat16}[name])
+    try:
+        yield
+    finally:
+        _AUTOCAST.reset(token)
+
+
+def autocast(model):
+    """torch.autocast on `model`'s device inside `mixed_precision(dtype)`, else a context that does nothing."""
+    dtype = _AUTOCAST.get()
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 def cache_kwargs(model, cache) -> dict:

@@ -15,14 +15,22 @@ from sgrpo_kernels.integrations.hf import lm_head
 
 from .batch import Batch
 from .distributed import Dist
-from .model import cache_kwargs, decoder
+from .model import autocast, cache_kwargs, decoder
 
 
 def policy_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """Final (post-norm) hidden states [B, T, D] of the decoder: the policy forward. No logits."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the text
-    out = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return out.last_hidden_state
+    with autocast(model):
+        out = decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False)  # fmt: skip
+    return in_model_dtype(model, out.last_hidden_state)
+
+
+def in_model_dtype(model, hidden: Tensor) -> Tensor:
+    """`hidden` in the weights' dtype (an autocast forward's are bf16; the LM head's log-probs are taken in the
+    weights' dtype)."""
+    return hidden.to(next(model.parameters()).dtype)
 
 
 def policy_hidden_grouped(
@@ -41,27 +49,28 @@ def policy_hidden_grouped(
     n, t = completion_ids.shape
     pos_p = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=dec.config)
-    out = dec(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=pos_p,
-        use_cache=True,
-        **cache_kwargs(model, cache),
-    )
-    first = out.last_hidden_state[:, -1:].repeat_interleave(group_size, 0)  # [N, 1, D]
-    if t == 1:
-        return first
-    cache.batch_repeat_interleave(group_size)
-    mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], 1)
-    pos_c = pos_p[:, -1:].repeat_interleave(group_size, 0) + torch.arange(1, t, device=pos_p.device)
-    rest = dec(
-        input_ids=completion_ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=pos_c,
-        **cache_kwargs(model, cache),
-        use_cache=True,
-    ).last_hidden_state  # [N, T-1, D]
-    return torch.cat([first, rest], 1)
+    with autocast(model):
+        out = dec(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=pos_p,
+            use_cache=True,
+            **cache_kwargs(model, cache),
+        )
+        first = out.last_hidden_state[:, -1:].repeat_interleave(group_size, 0)  # [N, 1, D]
+        if t == 1:
+            return in_model_dtype(model, first)
+        cache.batch_repeat_interleave(group_size)
+        mask = torch.cat([prompt_mask.repeat_interleave(group_size, 0), completion_mask.to(prompt_mask.dtype)], 1)
+        pos_c = pos_p[:, -1:].repeat_interleave(group_size, 0) + torch.arange(1, t, device=pos_p.device)
+        rest = dec(
+            input_ids=completion_ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=pos_c,
+            **cache_kwargs(model, cache),
+            use_cache=True,
+        ).last_hidden_state  # [N, T-1, D]
+    return in_model_dtype(model, torch.cat([first, rest], 1))
 
 
 def completion_targets(batch: Batch) -> Tensor:

@@ -24,6 +24,7 @@ from .policy import data_parallel
 from .probe import kl_probe
 from .rollout import Sampling, chat_prompts
 from .run.files import output_path
+from .run.machine import bf16_support
 from .run.metrics import write_json
 from .tasks import TASK_OPTIONS, make_task
 from .tasks.jsonl import check_prompts_fit
@@ -126,6 +127,8 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
         f"{sum(p.numel() for p in params) / 1e6:.1f}M trained, {dtype}, {device}; loss preset {loss_cfg.name}"
     )
+    if cfg.mixed_precision != "off":
+        print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)

@@ -68,12 +68,13 @@ INERT: tuple[Inert, ...] = (
         _vllm_off,
         "HF generate samples from the trainer's own forward: no sampler/trainer mismatch to correct",
     ),
+    Inert(("mixed_precision",), "dtype", lambda d: d in ("bfloat16", "bf16"), "the weights compute in bf16 already"),
     Inert(("difficulty",), "task", lambda t: not task_reads(t, "difficulty"), "this task has no difficulty levels"),
 )
 
 
 # a field's own "off" value: setting it so where the field does nothing anyway says nothing
-OFF_VALUES: dict[str, object] = {"tis_cap": 0, "vllm_max_model_len": 0}
+OFF_VALUES: dict[str, object] = {"tis_cap": 0, "vllm_max_model_len": 0, "mixed_precision": "off"}
 
 
 def _flag(name: str) -> str:

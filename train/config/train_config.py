@@ -242,6 +242,13 @@ class TrainConfig:
     lora_r: int = option(16, "LoRA rank", Range(ge=1))
     lora_alpha: int = option(32, "LoRA scale numerator (scale = alpha / r)", Range(ge=1))
     dtype: str = option("auto", "auto: fp32 on CPU, bf16 on GPU", OneOf(*DTYPES))
+    mixed_precision: str = option(
+        "off",
+        "bf16: the decoder's forwards (loss, reference, probe, HF generate) under torch.autocast(bfloat16), weights, "
+        "optimizer and LM-head log-probs in --dtype (HF Trainer's bf16=True); faster where bf16 is native, and other "
+        "numbers than off",
+        OneOf("off", "bf16"),
+    )
     device: str = option("auto", "auto: CUDA if any", Check(_device, "auto, cpu, cuda[:N], mps, npu[:N], xpu[:N]"))
     threads: int = option(0, "torch.set_num_threads; 0 = leave as is", Range(ge=0))
     dist_timeout_s: float = option(

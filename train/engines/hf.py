@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model import cache_kwargs, decoder
+from ..model import autocast, cache_kwargs, decoder
 from .base import Generated
 
 
@@ -63,22 +63,23 @@ def hf_generate(
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
     was_training = model.training
     model.eval()
-    cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
-    ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     sample = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     kwargs = {"do_sample": False} if greedy else sample
     if min_p and not greedy:  # (HF applies it after top_k / top_p; vLLM and the ops before: setup refuses the mix)
         kwargs["min_p"] = min_p
-    if cache is not None:
-        kwargs |= cache_kwargs(model, cache)
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=sorted(eos_ids(tokenizer, model)),
-        **kwargs,
-    )
+    with autocast(model):  # --mixed-precision: the decoder computes as in the trainer's forward
+        cache = shared_prompt_cache(model, ids, mask, n) if share_prompts and n > 1 and ids.shape[1] > 1 else None
+        ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        if cache is not None:
+            kwargs |= cache_kwargs(model, cache)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=sorted(eos_ids(tokenizer, model)),
+            **kwargs,
+        )
     model.train(was_training)
     return ids, mask, out[:, ids.shape[1] :]
 

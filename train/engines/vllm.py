@@ -57,18 +57,10 @@ def engine_dtype(requested: str, device: torch.device) -> tuple[str, str]:
     generate's time at 12 new tokens against fp32's 0.97x; on one without bf16 instructions it took 6x fp32's)."""
     if requested != "auto":
         return requested, f"--vllm-dtype {requested}"
-    if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return "bfloat16", "--vllm-dtype auto: this GPU computes bf16"
-        return "float32", "--vllm-dtype auto: this GPU has no bf16"
-    from ..run.machine import cpu_info
+    from ..run.machine import bf16_support
 
-    native = [f for f in cpu_info()["isa"] if f in ("avx512_bf16", "amx_bf16")]
-    if native:
-        return "bfloat16", f"--vllm-dtype auto: this CPU computes bf16 natively ({', '.join(native)})"
-    return "float32", (
-        "--vllm-dtype auto: this CPU has no bf16 instructions (bf16 would be emulated, several times slower)"
-    )
+    native, why = bf16_support(device)
+    return "bfloat16" if native else "float32", f"--vllm-dtype auto: {why}"
 
 
 def vllm_installed() -> bool:

@@ -37,3 +37,19 @@ def cpu_label() -> str:
     info = cpu_info()
     where = f"family {info['family']} model {info['model']}; " if info["family"] else ""
     return f"{info['cpu']} ({where}{' '.join(info['isa']) or 'no vector ISA named'})"
+
+
+def bf16_support(device) -> tuple[bool, str]:
+    """(whether `device` computes bf16 natively, why in words): a CUDA GPU that says so, a CPU with AVX512-BF16 or
+    AMX (elsewhere bf16 is emulated, several times slower: docs/rollouts.md)."""
+    if device.type == "cuda":
+        import torch
+
+        native = torch.cuda.is_bf16_supported()
+        return native, "this GPU computes bf16" if native else "this GPU has no bf16"
+    if device.type != "cpu":
+        return True, f"device {device.type}"
+    native = [f for f in cpu_info()["isa"] if f in ("avx512_bf16", "amx_bf16")]
+    if native:
+        return True, f"this CPU computes bf16 natively ({', '.join(native)})"
+    return False, "this CPU has no bf16 instructions (bf16 would be emulated, several times slower)"
