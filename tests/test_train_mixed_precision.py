@@ -68,3 +68,10 @@ def test_a_run_with_it_is_deterministic_and_differs_from_one_without(tmp_path, c
     assert runs["a"] == runs["b"] and len(runs["a"]) == 2
     assert runs["a"] != runs["off"]
     assert json.loads((tmp_path / "a" / "config.json").read_text())["train"]["mixed_precision"] == "bf16"
+
+
+def test_resume_refuses_to_switch_it(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(tiny_argv(out, "--max-steps", "1", "--kl-every", "0")) == 0
+    assert main(tiny_argv(out, "--max-steps", "2", "--kl-every", "0", "--resume", "--mixed-precision", "bf16")) == 2
+    assert "--mixed-precision: checkpoint 'off', now 'bf16'" in capsys.readouterr().err
