@@ -75,3 +75,14 @@ def test_resume_refuses_to_switch_it(tmp_path, capsys):
     assert main(tiny_argv(out, "--max-steps", "1", "--kl-every", "0")) == 0
     assert main(tiny_argv(out, "--max-steps", "2", "--kl-every", "0", "--resume", "--mixed-precision", "bf16")) == 2
     assert "--mixed-precision: checkpoint 'off', now 'bf16'" in capsys.readouterr().err
+
+
+def test_a_device_it_was_not_built_for_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    import train.setup as setup_module
+    from train.errors import Refused
+
+    monkeypatch.setattr(setup_module, "resolve_device", lambda name: torch.device("meta"))
+    monkeypatch.setattr(setup_module, "load_policy", lambda *a: pytest.fail("the model was loaded"))
+    cfg = setup_module.TrainConfig(model="tiny", mixed_precision="bf16", output_dir=str(tmp_path / "run"))
+    with pytest.raises(Refused, match="--mixed-precision bf16: built and tested on CPU and CUDA, not meta"):
+        setup_module.setup(cfg, cfg.loss_config())

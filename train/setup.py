@@ -120,6 +120,10 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     if ctx.enabled and device.type == "cuda":
         device = torch.device("cuda", ctx.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
+    if cfg.mixed_precision != "off":
+        if device.type not in ("cpu", "cuda"):
+            raise Refused(f"--mixed-precision {cfg.mixed_precision}: built and tested on CPU and CUDA, not {device}")
+        print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
     torch.manual_seed(cfg.seed)
     model, tok, ref_model = load_policy(cfg, loss_cfg, device, dtype, model_and_tokenizer)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)
@@ -127,8 +131,6 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         f"policy: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
         f"{sum(p.numel() for p in params) / 1e6:.1f}M trained, {dtype}, {device}; loss preset {loss_cfg.name}"
     )
-    if cfg.mixed_precision != "off":
-        print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
