@@ -90,6 +90,7 @@ AT_DEFAULT = [
     ["--use-vllm", "off", "--tis-cap", "3", "--vllm-dtype", "auto"],
     ["--use-vllm", "off", "--vllm-max-model-len", "0"],  # its off value
     ["--dtype", "bfloat16", "--mixed-precision", "off"],
+    ["--use-vllm", "off", "--tis-cap", "5", "--mixed-precision", "bf16"],  # HF generate's log-probs come back
     ["--mixed-precision", "bf16"],  # fp32 weights (auto on CPU): it acts
     ["--run-preset", "smoke", "--kl-every", "0"],  # smoke's probe_size 4: the run preset's, not the user's
     ["--run-preset", "gpu", "--task", "wordproblems"],  # gpu's difficulty 3-6, likewise

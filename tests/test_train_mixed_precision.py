@@ -68,6 +68,9 @@ def test_a_run_with_it_is_deterministic_and_differs_from_one_without(tmp_path, c
     assert runs["a"] == runs["b"] and len(runs["a"]) == 2
     assert runs["a"] != runs["off"]
     assert json.loads((tmp_path / "a" / "config.json").read_text())["train"]["mixed_precision"] == "bf16"
+    # HF generate's autocast decode is not the loss's forward: its log-probs come back, the mismatch is logged
+    assert all(r["rollout_logp_diff"] is not None and r["rollout_logp_diff"] >= 0 for r in runs["a"])
+    assert all(r["rollout_logp_diff"] is None for r in runs["off"])
 
 
 def test_resume_refuses_to_switch_it(tmp_path, capsys):
@@ -86,3 +89,66 @@ def test_a_device_it_was_not_built_for_is_refused_before_the_model_loads(tmp_pat
     cfg = setup_module.TrainConfig(model="tiny", mixed_precision="bf16", output_dir=str(tmp_path / "run"))
     with pytest.raises(Refused, match="--mixed-precision bf16: built and tested on CPU and CUDA, not meta"):
         setup_module.setup(cfg, cfg.loss_config())
+
+
+def test_hf_generates_sampler_logprobs_equal_the_trainers_on_the_same_forward(tiny):
+    """`sampled_logprobs` (generate's processed scores) against the trainer's log-probs of the sampler's support
+    (temperature, top-k, top-p), with fp32 on both sides: equal to round-off; 0 after each completion's EOS."""
+    from train.engines.hf import eos_ids, hf_generate
+    from train.policy import token_logprobs
+    from train.rollout import Batch, completion_mask
+
+    model, tok, _, _ = tiny
+    prompts = ["12 + 7 =", "3 + 4 =", "99 - 1 ="]
+    got: list = []
+    torch.manual_seed(1)
+    p_ids, p_mask, c_ids = hf_generate(model, tok, prompts, 2, 6, 0.7, 0.9, top_k=20, logprobs=got)
+    mask = completion_mask(c_ids, eos_ids(tok, model))
+    batch = Batch(p_ids, p_mask, c_ids, mask, [""] * 6, torch.zeros(6), torch.zeros(6, dtype=torch.bool))
+    want = token_logprobs(model, batch, 0.7, "torch", 2, False, {"top_k": 20, "top_p": 0.9})
+    assert got[0].shape == c_ids.shape and (got[0] - want).abs()[mask].max().item() < 1e-5
+    assert (got[0][~mask] == 0).all() and (got[0][mask] < 0).all()
+
+
+def test_under_mixed_precision_hf_returns_sampler_logprobs_except_greedy(tiny):
+    from train.engines.hf import HFEngine
+
+    model, tok, _, _ = tiny
+    engine = HFEngine(model, tok)
+    assert engine.generate(["1 + 1 ="], 2, 4, 1.0, 1.0).logprobs is None  # off: the trainer's forward is the sampler
+    with mixed_precision("bf16"):
+        out = engine.generate(["1 + 1 ="], 2, 4, 1.0, 1.0)
+        assert out.logprobs is not None and out.logprobs.shape == out.completion_ids.shape
+        assert engine.generate(["1 + 1 ="], 1, 4, 1.0, 1.0, greedy=True).logprobs is None
+
+
+def test_with_bf16_weights_it_does_nothing(tiny, tmp_path, capsys, monkeypatch):
+    """Weights already bf16: no autocast at all (it would only move some ops up to fp32), and `--dtype auto` that
+    resolves to bf16 (a GPU's) says so instead of claiming autocast."""
+    import copy
+
+    import train.setup as setup_module
+    from train.model import autocasting
+
+    model, _, ids, mask = tiny
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    with mixed_precision("bf16"):
+        assert not autocasting(bf16) and autocasting(model)
+        inside = policy_hidden(bf16, ids, mask)
+    assert torch.equal(inside, policy_hidden(bf16, ids, mask))
+    monkeypatch.setattr(setup_module, "resolve_dtype", lambda name, device: torch.bfloat16)
+    monkeypatch.setattr(setup_module, "load_policy", lambda *a: pytest.fail("stop here"))
+    cfg = setup_module.TrainConfig(model="tiny", mixed_precision="bf16", output_dir=str(tmp_path / "run"))
+    with pytest.raises(pytest.fail.Exception):
+        setup_module.setup(cfg, cfg.loss_config())
+    out = capsys.readouterr().out
+    assert "warning: --mixed-precision bf16 does nothing with --dtype auto on cpu: the weights are bf16" in out
+    assert "under bf16 autocast" not in out
+
+
+def test_grad_penalty_is_refused_with_it(tmp_path, capsys):
+    """Its finite-difference step (radius 0.01 spread over the weights) is lost in the autocast forward's bf16
+    weights, as with bf16 weights (refused the same way)."""
+    argv = tiny_argv(str(tmp_path / "run"), "--max-steps", "1", "--grad-penalty", "0.1", "--mixed-precision", "bf16")
+    assert main(argv) == 2
+    assert "--grad-penalty with --mixed-precision bf16: its finite-difference step" in capsys.readouterr().err

@@ -266,6 +266,7 @@ def test_a_smaller_engine_context_samples_the_same_and_refuses_what_does_not_fit
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "error: --vllm-max-model-len 30: a prompt of " in proc.stderr and "Traceback" not in proc.stderr
     assert "--max-new-tokens 12 need a context of" in proc.stderr, proc.stderr[-2000:]
+    assert "--resume" not in proc.stderr  # refused before the run started: nothing to resume
     assert not any((tmp_path / "short").iterdir())
 
 

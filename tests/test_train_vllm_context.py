@@ -41,6 +41,9 @@ def test_jsonl_prompts_are_checked_against_the_engines_context_when_smaller(json
     task, tok, model, render = jsonl
     check_prompts_fit(task, tok, model, 12, render)  # the model's 256 tokens: every prompt fits
     check_prompts_fit(task, tok, model, 12, render, engine_context=1000)  # a larger engine: the model's bounds it
+    with pytest.raises(Refused) as exc:  # the engine's context is the model's (the flag's 0): nothing to raise
+        check_prompts_fit(task, tok, model, 150, render, engine_context=256)
+    assert "the model's context is 256 tokens" in str(exc.value) and "--vllm-max-model-len" not in str(exc.value)
     with pytest.raises(Refused) as exc:
         check_prompts_fit(task, tok, model, 12, render, engine_context=100)
     text = str(exc.value)

@@ -60,7 +60,8 @@ class Batch:
     texts: list[str]
     rewards: Tensor  # (N,) float32
     correct: Tensor  # (N,) bool
-    sampler_logp: Tensor | None = None  # (N, T) float32 the sampler's log-probs of completion_ids (vLLM); None: HF
+    sampler_logp: Tensor | None = None  # (N, T) float32 the sampler's log-probs of completion_ids (vLLM, or HF under
+    # --mixed-precision); None: HF generate, whose forward is the trainer's
 
 
 def completion_mask(ids: Tensor, eos_ids: set[int]) -> Tensor:

@@ -276,12 +276,18 @@ def mixed_precision(name: str):
         _AUTOCAST.reset(token)
 
 
-def autocast(model):
-    """torch.autocast on `model`'s device inside `mixed_precision(dtype)`, else a context that does nothing."""
+def autocasting(model) -> bool:
+    """Whether `autocast(model)` autocasts: inside `mixed_precision("bf16")`, for weights not already bf16 (autocast
+    there would only move some ops up to fp32)."""
     dtype = _AUTOCAST.get()
-    if dtype is None:
+    return dtype is not None and next(model.parameters()).dtype != dtype
+
+
+def autocast(model):
+    """torch.autocast on `model`'s device where `autocasting(model)`, else a context that does nothing."""
+    if not autocasting(model):
         return contextlib.nullcontext()
-    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+    return torch.autocast(next(model.parameters()).device.type, dtype=_AUTOCAST.get())
 
 
 def cache_kwargs(model, cache) -> dict:

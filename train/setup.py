@@ -123,7 +123,10 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     if cfg.mixed_precision != "off":
         if device.type not in ("cpu", "cuda"):
             raise Refused(f"--mixed-precision {cfg.mixed_precision}: built and tested on CPU and CUDA, not {device}")
-        print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
+        if dtype != torch.bfloat16:
+            print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
+        elif cfg.dtype == "auto":  # (a typed --dtype bf16 was warned about with the other inert settings)
+            print(f"warning: --mixed-precision bf16 does nothing with --dtype auto on {device}: the weights are bf16")
     torch.manual_seed(cfg.seed)
     model, tok, ref_model = load_policy(cfg, loss_cfg, device, dtype, model_and_tokenizer)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)

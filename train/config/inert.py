@@ -31,12 +31,14 @@ def task_reads(task: str, option: str) -> bool:
 
 @dataclass(frozen=True)
 class Inert:
-    """`fields` do nothing while `inert(value of controller)` holds; `why` says what is off, for the warning."""
+    """`fields` do nothing while `inert(value of controller)` holds (and `also(config)`); `why` says what is off, for
+    the warning."""
 
     fields: tuple[str, ...]
     controller: str
     inert: Callable[[object], bool]
     why: str
+    also: Callable[[object], bool] = lambda cfg: True
 
 
 def _vllm_off(use_vllm: str) -> bool:
@@ -67,6 +69,7 @@ INERT: tuple[Inert, ...] = (
         "use_vllm",
         _vllm_off,
         "HF generate samples from the trainer's own forward: no sampler/trainer mismatch to correct",
+        also=lambda cfg: cfg.mixed_precision == "off",  # (bf16 autocast: generate's decode differs from the loss's)
     ),
     Inert(("mixed_precision",), "dtype", lambda d: d in ("bfloat16", "bf16"), "the weights compute in bf16 already"),
     Inert(("difficulty",), "task", lambda t: not task_reads(t, "difficulty"), "this task has no difficulty levels"),
@@ -105,9 +108,11 @@ def inert_warnings(cfg, given: Mapping[str, str], base: Mapping[str, object]) ->
     out, warned = [], set()
     for row in INERT:
         control = getattr(cfg, row.controller)
+        if not (row.inert(control) and row.also(cfg)):
+            continue
         for name in row.fields:
             value = getattr(cfg, name)
-            if name in warned or name not in given or value == base.get(name) or not row.inert(control):
+            if name in warned or name not in given or value == base.get(name):
                 continue
             if name in OFF_VALUES and value == OFF_VALUES[name]:
                 continue

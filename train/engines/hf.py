@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model import autocast, cache_kwargs, decoder
+from ..model import autocast, autocasting, cache_kwargs, decoder
 from .base import Generated
 
 
@@ -55,9 +55,11 @@ def hf_generate(
     *,
     top_k: int = 0,
     min_p: float = 0.0,
+    logprobs: list | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """-> prompt_ids (len(prompts)*n, P), prompt_mask, completion_ids (len(prompts)*n, T) with pad after EOS.
-    With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times."""
+    With n > 1 (and `share_prompts`), each prompt runs once and its KV cache is repeated n times. `logprobs`: a list
+    that gets the sampled tokens' log-probs [N, T] appended (`sampled_logprobs`; 0 after each completion's EOS)."""
     device = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
@@ -72,6 +74,8 @@ def hf_generate(
         ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         if cache is not None:
             kwargs |= cache_kwargs(model, cache)
+        if logprobs is not None:
+            kwargs |= {"output_scores": True, "return_dict_in_generate": True}
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -81,12 +85,29 @@ def hf_generate(
             **kwargs,
         )
     model.train(was_training)
-    return ids, mask, out[:, ids.shape[1] :]
+    if logprobs is None:
+        return ids, mask, out[:, ids.shape[1] :]
+    completion = out.sequences[:, ids.shape[1] :]
+    logprobs.append(sampled_logprobs(out.scores, completion, eos_ids(tokenizer, model)))
+    return ids, mask, completion
+
+
+def sampled_logprobs(scores: tuple[Tensor, ...], completion: Tensor, eos: set[int]) -> Tensor:
+    """[N, T] log-probs of the sampled tokens under the distribution generate drew them from: `scores` are its
+    processed logits of each step (temperature, top-k / top-p / min-p applied; -inf outside the support); 0 after
+    each completion's first EOS (padding, as vLLM's)."""
+    steps = [torch.log_softmax(s.float(), -1).gather(-1, completion[:, t : t + 1]) for t, s in enumerate(scores)]
+    logp = torch.cat(steps, 1)
+    is_eos = torch.isin(completion, torch.tensor(sorted(eos), device=completion.device))
+    after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
+    return logp.masked_fill(after, 0.0)
 
 
 class HFEngine:
     """Rollouts by `model.generate` on the trainer's own model (so always in sync, and no sampler log-probs: the
-    trainer's forward is the sampler)."""
+    trainer's forward is the sampler). Under `--mixed-precision bf16` it is not quite: generate's bf16 KV-cache decode
+    and LM head differ from the loss's forward (fp32 head) by ~1e-2 in log-prob, so the sampled tokens' log-probs
+    come back as a vLLM engine's do, and the same mismatch logging and correction (`--tis-cap`) apply."""
 
     name = "hf"
 
@@ -97,9 +118,10 @@ class HFEngine:
         self, prompts: list[str], n: int, max_new_tokens: int, temperature: float, top_p: float, greedy: bool = False,
         *, top_k: int = 0, min_p: float = 0.0,
     ) -> Generated:  # fmt: skip
+        logprobs = [] if autocasting(self.model) and not greedy else None
         _, _, c_ids = hf_generate(self.model, self.tokenizer, prompts, n, max_new_tokens, temperature, top_p, greedy,
-                                  top_k=top_k, min_p=min_p)  # fmt: skip
-        return Generated(c_ids, None)
+                                  top_k=top_k, min_p=min_p, logprobs=logprobs)  # fmt: skip
+        return Generated(c_ids, logprobs[0] if logprobs else None)
 
     def sync(self, model) -> None:
         self.model = model  # the same object the trainer updates: nothing to copy

@@ -196,22 +196,23 @@ class VLLMEngine:
         return Generated(ids, None if greedy else lp)
 
     def check_prompts(self, prompts: list[str], max_new_tokens: int) -> None:
-        """`check_fits` for the longest of `prompts` (chat-formatted text, tokenized as `generate` does)."""
+        """`check_fits` for the longest of `prompts` (chat-formatted text, tokenized as `generate` does), before the
+        run starts (nothing to resume)."""
         enc = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        self.check_fits(max(len(ids) for ids in enc), max_new_tokens)
+        self.check_fits(max(len(ids) for ids in enc), max_new_tokens, started=False)
 
-    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int, started: bool = True) -> None:
         """Refused when a prompt of `prompt_tokens` and `max_new_tokens` do not fit the engine's context: vLLM would
-        refuse a longer prompt, and silently cut a completion short at the context's end."""
+        refuse a longer prompt, and silently cut a completion short at the context's end. `started`: the run is
+        under way (its checkpoint is kept: the message says how to continue it)."""
         need = prompt_tokens + max_new_tokens
         if need <= self.context:
             return
         what = f"a prompt of {prompt_tokens} tokens and --max-new-tokens {max_new_tokens} need a context of {need}"
         if self.context_flag:
-            raise Refused(
-                f"--vllm-max-model-len {self.context_flag}: {what}; raise it (0: the model's own context; --resume "
-                "continues a run it stopped)"
-            )
+            more = "; --resume continues the run it stopped" if started else ""
+            flag = f"--vllm-max-model-len {self.context_flag}"
+            raise Refused(f"{flag}: {what}; raise it (0: the model's own context{more})")
         raise Refused(f"{what}; the model's context is {self.context} tokens: lower --max-new-tokens")
 
     def prompt_tokens(self) -> dict[str, int]:

@@ -74,4 +74,10 @@ def from_run(cfg, run) -> GradPenalty | None:
             f"--grad-penalty needs float32 weights (these are {run.params[0].dtype}): its finite-difference step of "
             f"{cfg.grad_penalty_radius} spread over the weights is below bfloat16's resolution; use --dtype float32"
         )
+    if cfg.mixed_precision != "off":  # autocast casts the weights to bf16 in every forward: the same step is lost
+        raise Refused(
+            f"--grad-penalty with --mixed-precision {cfg.mixed_precision}: its finite-difference step of "
+            f"{cfg.grad_penalty_radius} is below bfloat16's resolution in the autocast forward; use "
+            "--mixed-precision off"
+        )
     return GradPenalty(run.params, cfg.grad_penalty, cfg.grad_penalty_gamma, cfg.grad_penalty_radius)

@@ -172,7 +172,8 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render, engine_cont
         text = render(problem)
         return int(tok([text], return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1])
 
-    room, more = context - max_new_tokens, ", or raise --vllm-max-model-len" if engine_context == context else ""
+    room = context - max_new_tokens
+    more = ", or raise --vllm-max-model-len" if whose != "the model's context" else ""  # (the engine's is smaller)
     overhead = tokens(Problem("", ""))
     if room <= overhead:  # no prompt could fit: the flag is at fault, not the data
         raise Refused(
