@@ -377,8 +377,8 @@ RESUME_SAFE = frozenset(
         "resume",
         "overwrite",
         "step_guard",
-        "vllm_kv_cache_gb",  # the vLLM engine's cache size (its completions do not depend on it)
-        "vllm_max_model_len",  # its context: a prompt that does not fit is refused, the others sample the same
+        "vllm_kv_cache_gb",  # the vLLM engine's cache (the same completions while a call's sequences fit at once)
+        "vllm_max_model_len",  # its context (likewise; a prompt that does not fit is refused)
         "report_to",  # where the metrics are also logged
         "save_model",
         "log_mechanism",  # measures only: the weights and the random streams are the same with it or without
