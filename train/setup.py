@@ -103,6 +103,19 @@ def load_policy(cfg: TrainConfig, loss_cfg: LossConfig, device, dtype, model_and
     return model, tok, ref_model
 
 
+def check_mixed_precision(cfg: TrainConfig, device, dtype) -> None:
+    """--mixed-precision bf16: refused where autocast is not built (other than CPU and CUDA); else one line on what it
+    does here (nothing, for bf16 weights)."""
+    if cfg.mixed_precision == "off":
+        return
+    if device.type not in ("cpu", "cuda"):
+        raise Refused(f"--mixed-precision {cfg.mixed_precision}: built and tested on CPU and CUDA, not {device}")
+    if dtype != torch.bfloat16:
+        print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
+    elif cfg.dtype == "auto":  # (a typed --dtype bf16 was warned about with the other inert settings)
+        print(f"warning: --mixed-precision bf16 does nothing with --dtype auto on {device}: the weights are bf16")
+
+
 def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx: Dist = ALONE, claim=None) -> Run:
     """Everything before the first step, in the order that fixes the random stream: the policy (and the reference
     model of the KL presets), optimizer and schedule, the rollout engine, the task and its held-out set, the features;
@@ -120,13 +133,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     if ctx.enabled and device.type == "cuda":
         device = torch.device("cuda", ctx.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
-    if cfg.mixed_precision != "off":
-        if device.type not in ("cpu", "cuda"):
-            raise Refused(f"--mixed-precision {cfg.mixed_precision}: built and tested on CPU and CUDA, not {device}")
-        if dtype != torch.bfloat16:
-            print(f"mixed precision: the decoder's forwards under bf16 autocast ({bf16_support(device)[1]})")
-        elif cfg.dtype == "auto":  # (a typed --dtype bf16 was warned about with the other inert settings)
-            print(f"warning: --mixed-precision bf16 does nothing with --dtype auto on {device}: the weights are bf16")
+    check_mixed_precision(cfg, device, dtype)
     torch.manual_seed(cfg.seed)
     model, tok, ref_model = load_policy(cfg, loss_cfg, device, dtype, model_and_tokenizer)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)
