@@ -163,7 +163,8 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render, engine_cont
     `render(problem)`: the text the rollout feeds the model (the chat template applied)."""
     config = getattr(model, "config", None)
     context, whose = getattr(config, "max_position_embeddings", None), "the model's context"
-    if engine_context and not (isinstance(context, int) and 0 < context <= engine_context):
+    by_engine = bool(engine_context) and not (isinstance(context, int) and 0 < context <= engine_context)
+    if by_engine:
         context, whose = engine_context, "the vLLM engine's context (--vllm-max-model-len)"
     if not isinstance(task, JsonlTask) or not isinstance(context, int) or context <= 0:
         return
@@ -173,7 +174,7 @@ def check_prompts_fit(task, tok, model, max_new_tokens: int, render, engine_cont
         return int(tok([text], return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1])
 
     room = context - max_new_tokens
-    more = ", or raise --vllm-max-model-len" if whose != "the model's context" else ""  # (the engine's is smaller)
+    more = ", or raise --vllm-max-model-len" if by_engine else ""
     overhead = tokens(Problem("", ""))
     if room <= overhead:  # no prompt could fit: the flag is at fault, not the data
         raise Refused(
