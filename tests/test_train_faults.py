@@ -673,3 +673,29 @@ def test_resume_refuses_absurd_or_non_finite_checkpoint_fields(tmp_path, one_ste
         loop.train(tiny_cfg(out, max_steps=2, kl_every=0, eval_k=0, resume=True), LOSS)
     assert f"{file} is not a valid checkpoint" in str(info.value) and named in str(info.value), str(info.value)
     assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_step_guard_names_exactly_the_non_finite_tensors(dtype):
+    """The guard screens with one sum a tensor (NaN or infinite whenever an element is) and checks exactly only
+    when the screen fails: every kind of non-finite element is named, and huge finite weights (whose sum would
+    overflow in their own dtype) are not."""
+    from train.features.step_guard import StepGuard
+
+    big = torch.finfo(dtype).max
+    values = {
+        "ok": [0.5, -1.0, 2.0],
+        "nan": [0.0, float("nan"), 1.0],
+        "pos_inf": [float("inf"), 1.0, 1.0],
+        "neg_inf": [1.0, float("-inf"), 1.0],
+        "both_inf": [float("inf"), float("-inf"), 1.0],  # its sum is NaN
+        "huge": [big, big, big],  # finite, its sum overflows in the tensor's dtype
+        "huge_neg": [-big, -big, 3.0],
+    }
+    named = [(n, torch.nn.Parameter(torch.tensor(v, dtype=dtype))) for n, v in values.items()]
+    opt = torch.optim.SGD([p for _, p in named], lr=0.1)
+    assert StepGuard(named, opt).non_finite() == ["nan", "pos_inf", "neg_inf", "both_inf"]
+    finite = [(n, p) for n, p in named if n in ("ok", "huge", "huge_neg")]
+    assert StepGuard(finite, opt).non_finite() == []
+    for bad in ("nan", "pos_inf", "neg_inf", "both_inf"):  # each alone among finite ones: the screen must see it
+        assert StepGuard([*finite, *[(n, p) for n, p in named if n == bad]], opt).non_finite() == [bad]
