@@ -219,12 +219,20 @@ def test_torchrun_stopped_peer_fails_within_the_timeout_naming_it(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         textwrap.dedent("""
-        import os, signal, sys
+        import os, signal, subprocess, sys
         import train.step
         real, calls = train.step.rollout, [0]
+        pid0 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0.pid")
+        if os.environ["RANK"] == "0":
+            open(pid0, "w").write(str(os.getpid()))
         def rollout(*args, **kwargs):
             calls[0] += 1
             if os.environ["RANK"] == "1" and calls[0] == 2:
+                # torchrun would end the stopped rank 30 s after rank 0 fails (SIGTERM waits while it is stopped, then
+                # SIGKILL); a watcher kills it as soon as rank 0 has exited instead (or after 240 s, the test's limit)
+                watch = (f"n=0; while kill -0 {open(pid0).read()} 2>/dev/null && [ $n -lt 1200 ]; do sleep 0.2; "
+                         f"n=$((n + 1)); done; kill -KILL {os.getpid()}")
+                subprocess.Popen(["sh", "-c", watch], start_new_session=True)
                 os.kill(os.getpid(), signal.SIGSTOP)
             return real(*args, **kwargs)
         train.step.rollout = rollout
