@@ -186,3 +186,34 @@ def test_which_tasks_read_difficulty():
         assert task_reads("inert_test_kwargs", "difficulty")
     finally:
         unregister_task("inert_test_kwargs")
+
+
+def test_an_auto_engine_that_falls_back_to_hf_generate_warns_about_the_vllm_settings(capsys):
+    """`--use-vllm auto` with `--model tiny` falls back to HF generate when the engine is made (not known when the
+    flags are parsed): the vLLM-only settings the user changed do nothing, and say so, one line each; those at their
+    defaults or off say nothing, and a bf16-autocast run's TIS acts (HF generate's decode differs from the loss's)."""
+    import torch
+
+    from train.distributed import Dist
+    from train.engines import make_engine
+    from train.model import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer()
+    dist = Dist()  # one process
+
+    def lines(**changes) -> list[str]:
+        cfg = TrainConfig(model="tiny", **changes)
+        capsys.readouterr()
+        assert make_engine(cfg, model, tok, torch.device("cpu"), dist).name == "hf"
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+
+    here = "does nothing with --use-vllm auto here: it fell back to HF generate"
+    assert lines(vllm_kv_cache_gb=0.5, vllm_dtype="float32", tis_cap=2.0, vllm_max_model_len=0) == [
+        f"warning: --vllm-dtype float32 {here} ({HF})",
+        f"warning: --vllm-kv-cache-gb 0.5 {here} ({HF})",
+        f"warning: --tis-cap 2 {here} ({TIS})",
+    ]
+    assert lines() == []
+    assert lines(tis_cap=0.0) == []  # off: nothing to say
+    assert lines(use_vllm="off", vllm_kv_cache_gb=0.5) == []  # off: warned when the flags were parsed
+    assert lines(tis_cap=2.0, mixed_precision="bf16") == []

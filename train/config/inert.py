@@ -10,6 +10,7 @@ Torch-free: `--help` stays fast."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import shlex
 from collections.abc import Callable, Mapping
@@ -42,7 +43,7 @@ class Inert:
 
 
 def _vllm_off(use_vllm: str) -> bool:
-    return use_vllm == "off"  # (auto may fall back to HF generate too, but that is known only when the run starts)
+    return use_vllm == "off"  # (auto may fall back to HF generate too, known when the run starts: fallback_warnings)
 
 
 # The combinations, declared once. (Others are refused outright by TrainConfig, as they were before this table:
@@ -120,4 +121,21 @@ def inert_warnings(cfg, given: Mapping[str, str], base: Mapping[str, object]) ->
             where = f" ({given[name]})" if given[name] else ""
             out.append(f"warning: {_flag(name)} {_show(value)}{where} does nothing "
                        f"{_condition(row.controller, control)} ({row.why})")  # fmt: skip
+    return out
+
+
+def fallback_warnings(cfg) -> list[str]:
+    """The warnings of the rows that `--use-vllm off` makes inert, for a run whose `--use-vllm auto` fell back to HF
+    generate, which is known only when the engine starts (it prints why). The cli's record of what was typed does not
+    reach the engine: a field warns when it differs from its dataclass default (no run preset sets one)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    out = []
+    for row in INERT:
+        if row.inert is not _vllm_off or not row.also(cfg):
+            continue
+        for name in row.fields:
+            value = getattr(cfg, name)
+            if value != defaults[name] and not (name in OFF_VALUES and value == OFF_VALUES[name]):
+                out.append(f"warning: {_flag(name)} {_show(value)} does nothing with --use-vllm auto here: it fell "
+                           f"back to HF generate ({row.why})")  # fmt: skip
     return out

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
+from ..config.inert import fallback_warnings
 from ..errors import Refused
 from .base import Generated, RolloutEngine
 from .hf import HFEngine, eos_ids
@@ -52,4 +55,6 @@ def make_engine(cfg, model, tok, device: torch.device, dist) -> RolloutEngine:
                 raise Refused(f"--use-vllm on: the vLLM engine did not start ({type(exc).__name__}: {exc})") from exc
             why = f"vLLM did not start ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     print(f"rollout engine: HF generate ({why})" if cfg.use_vllm != "off" else "rollout engine: HF generate")
+    for line in fallback_warnings(cfg) if cfg.use_vllm == "auto" else ():  # (off: warned when parsed)
+        print(line, file=sys.stderr)
     return HFEngine(model, tok)
