@@ -173,7 +173,8 @@ class TrainConfig:
     tis_cap: float = option(
         3.0,
         "truncated importance sampling of a vLLM rollout: each token's loss times min(pi_trainer / pi_sampler, "
-        "tis_cap), which corrects for the sampler/trainer mismatch; 0 = off (no effect with HF generate)",
+        "tis_cap), which corrects for the sampler/trainer mismatch; 0 = off (no effect with HF generate but under "
+        "--mixed-precision bf16)",
         Range(ge=0),
         Check(_tis_cap, "0 (off) or a cap >= 1"),
     )
