@@ -27,5 +27,6 @@ install_checkout --force-reinstall "$repo"  # this checkout (not editable: the e
 
 cd "$repo"
 SGRPO_REQUIRE_VERL=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py \
+  tests/test_integrations_verl_docs.py \
   tests/test_integrations_verl_worker.py
 stage_passed

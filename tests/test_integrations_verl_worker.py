@@ -297,8 +297,8 @@ def test_verl_grpo_run_on_gpu(tmp_path):
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         "trainer.v1.trainer_mode=sgrpo", "actor_rollout_ref.actor.policy_loss.loss_mode=s_grpo",
-        "+actor_rollout_ref.actor.policy_loss._target_=sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig",
-        "+actor_rollout_ref.actor.policy_loss.sgrpo_loss=entropy_filter=quantile:0.75",
+        "++actor_rollout_ref.actor.policy_loss._target_=sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig",
+        '+actor_rollout_ref.actor.policy_loss.sgrpo_loss="entropy_filter=quantile:0.75"',  # (no shell: as is)
         f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=compute_score",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.total_training_steps=2", "trainer.logger=['console']",
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",

@@ -17,12 +17,19 @@ __all__ = ["POLICY_LOSSES", "SGRPOPolicyLossConfig", "check_loss_keys", "loss_co
 TARGET = "sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig"
 
 
+def sgrpo_loss_override(setting: str, where: str = "actor_rollout_ref.actor") -> str:
+    """The command-line override that sets `sgrpo_loss` to `setting`, quoted for a shell: the value holds `=`, which
+    Hydra reads only inside quotes, and the shell must leave those quotes to Hydra."""
+    return f"'+{where}.policy_loss.sgrpo_loss=\"{setting}\"'"
+
+
 @dataclass
 class SGRPOPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus ``sgrpo_loss``: LossConfig overrides on the preset that ``loss_mode`` names,
     ``"field=value,..."`` as the bundled trainer's ``--loss`` and the TRL integration's ``sgrpo_loss``. Select it with
-    ``actor_rollout_ref.actor.policy_loss._target_=sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig`` (verl
-    refuses keys its own dataclass does not have); without overrides the stock dataclass is enough.
+    ``++actor_rollout_ref.actor.policy_loss._target_=sgrpo_kernels.integrations.verl.SGRPOPolicyLossConfig`` (verl
+    refuses keys its own dataclass does not have; ``++``: verl's config has a ``_target_`` of its own); without
+    overrides the stock dataclass is enough.
 
     ``trust_region``: a cap on each optimizer step of the actor, ``||theta - theta_old|| <= trust_region`` over the
     whole model (FSDP2 shards summed; :mod:`.trust_region`); inf only measures; None (default) is off."""
@@ -116,6 +123,6 @@ def check_loss_keys(actor, cfg: LossConfig) -> None:
             setting = ",".join(f"{f}={value}" for f in fields)
             raise ValueError(
                 f"{said}: the sgrpo loss would ignore it (it uses {used}); set it on our side, "
-                f'+{where}.policy_loss.sgrpo_loss="{setting}" (with policy_loss._target_={TARGET}), or leave {key} at '
-                f"verl's default {defaults[key]!r}"
+                f"{sgrpo_loss_override(setting, where)} (with '++{where}.policy_loss._target_={TARGET}'), or leave "
+                f"{key} at verl's default {defaults[key]!r}"
             )

@@ -29,12 +29,16 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from sgrpo_kernels.integrations.verl.config import check_loss_keys, loss_config
+from sgrpo_kernels.integrations.verl.config import TARGET, check_loss_keys, loss_config, sgrpo_loss_override
 from sgrpo_kernels.integrations.verl.loss import make_loss_fn
 from sgrpo_kernels.integrations.verl.registry import TRAINER_MODE
 from sgrpo_kernels.integrations.verl.signals import driver_signals, loss_side_config
 from sgrpo_kernels.integrations.verl.trust_region import check_trust_region
 from sgrpo_kernels.rl import LossConfig
+
+# the override that keeps the bundled trainer's filter (with our policy-loss dataclass), as a shell takes it
+QUANTILE_HINT = (f"{sgrpo_loss_override('entropy_filter=quantile:0.75')} "
+                 f"'++actor_rollout_ref.actor.policy_loss._target_={TARGET}'")
 
 __all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_critic_free", "check_verl_config"]
 
@@ -58,6 +62,14 @@ def check_verl_config(config, cfg: LossConfig) -> None:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.sgrpo_loss sets beta={cfg.beta}: KL to a reference is not supported "
             "by the verl plugin yet; expected beta=0"
+        )
+    policy_loss = actor.get("policy_loss") or {}
+    ours = [k for k in ("sgrpo_loss", "trust_region") if k in policy_loss]
+    if ours and policy_loss.get("_target_", TARGET) != TARGET:  # verl's dataclass would refuse the key in a worker
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.{ours[0]} with policy_loss._target_="
+            f"{policy_loss.get('_target_')!r}: that dataclass has no {ours[0]}; add "
+            f"'++actor_rollout_ref.actor.policy_loss._target_={TARGET}'"
         )
     check_critic_free(config, cfg)
     check_loss_keys(actor, cfg)
@@ -148,8 +160,7 @@ class SGRPOTrainer(PPOTrainerSync):
                 warnings.warn(
                     f"sgrpo trainer: the entropy filter ({self.sgrpo_config.entropy_filter!r}) removed every "
                     f"completion of the batch ({self._sgrpo_all_filtered} time(s) so far): no policy gradient. On a "
-                    "fresh model ln 2 removes nearly all of them; try +actor_rollout_ref.actor.policy_loss.sgrpo_loss="
-                    "entropy_filter=quantile:0.75 (docs/verl.md)",
+                    f"fresh model ln 2 removes nearly all of them; try {QUANTILE_HINT} (docs/verl.md)",
                     stacklevel=2,
                 )
         return batch
