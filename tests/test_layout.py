@@ -117,6 +117,47 @@ def test_no_import_cycle(top):
             visit(m, [m])
 
 
+def trainer_rows() -> list[set[str]]:
+    """The trainer's layers as docs/design.md draws them, top down: each row's modules and packages (`loop`,
+    `features`, ...), read from the code block after "The trainer's layers"."""
+    import re
+
+    text = (REPO / "docs" / "design.md").read_text()
+    block = text.split("The trainer's layers, top down", 1)[1].split("```", 2)[1]
+    rows = []
+    for line in block.splitlines():
+        names = re.match(r"((?:[\w]+(?:\.py|/)\s+)+)", line)
+        if names:
+            rows.append({n.removesuffix(".py").removesuffix("/") for n in names.group(1).split()})
+    return rows
+
+
+BESIDE_THE_LAYERS = {"sandbox", "study", "plot"}  # re-export shims of the packages that left (docs/design.md)
+
+
+def test_the_trainer_imports_only_from_its_row_or_below():
+    """docs/design.md's trainer layers hold: no module imports one of a higher row, at any depth of its code (two
+    function-level imports went up: config/file.py -> run.metrics, export.py -> run.signals), and every module is in
+    a row."""
+    rows = trainer_rows()
+    assert len(rows) >= 8, rows
+    rank = {name: i for i, row in enumerate(rows) for name in row}
+    component = lambda module: module.split(".")[1]  # noqa: E731 -- train.config.file -> config
+    wrong = []
+    for module, deps in import_graph("train").items():
+        if module == "train" or component(module) in BESIDE_THE_LAYERS:
+            continue
+        if component(module) not in rank:
+            wrong.append(f"{module}: in no row of docs/design.md's trainer layers")
+            continue
+        for dep in sorted(deps):
+            if dep == "train" or component(dep) == component(module):
+                continue
+            if rank.get(component(dep), -1) < rank[component(module)]:
+                wrong.append(f"{module} imports {dep}, a higher row (or beside the layers)")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_trainer_public_face_is_lazy():
     """`import train` loads nothing heavy; its five names are the trainer's own objects."""
     mods = loaded_after("import train")

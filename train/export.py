@@ -7,7 +7,8 @@ uses:
   checkpoints: for SmolLM2-135M that would be another 540 MB per checkpoint, and the checkpoint already holds the
   weights. Written to model.tmp/ (a folder the export creates itself: a link or leftover of that name is removed, never
   written through) and renamed over model/, so a crash, a full disk or a signal never leaves a half-written model/:
-  the previous one, or none, stays. `export_finished` says what a failed export left (the run is checkpointed).
+  the previous one, or none, stays. `run.checkpoint.export_finished` says what a failed export left (the run is
+  checkpointed).
 - the folder the vLLM rollout engine starts from (train/engines/vllm.py), whose weight syncs send `merged_state` too.
 
 The weights are the model's own, in its dtype. A model de-quantized from a GGUF (the default SmolLM2) still carries
@@ -124,28 +125,6 @@ def export_model(model, tok, out_dir: Path) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def export_finished(model, tok, out_dir: Path) -> tuple[str | None, str | None]:
-    """`export_model` at the end of a finished, checkpointed run -> (the signal that stopped it, or None; what went
-    wrong, or None). A signal or an OSError (a full disk) leaves model/ as it was and says so; the run itself is saved
-    (its checkpoint, metrics.jsonl, heldout.jsonl and the summary the caller writes)."""
-    from .run.signals import signal_name
-
-    try:
-        folder = export_model(model, tok, out_dir)
-    except KeyboardInterrupt as exc:
-        name = signal_name(exc)
-        print(f"\n{name} while writing {Path(out_dir) / MODEL_DIR}: not written (the run is finished and "
-              "checkpointed; --resume writes the model)")  # fmt: skip
-        return name, None
-    except OSError as exc:
-        return None, (
-            f"writing {Path(out_dir) / MODEL_DIR} failed ({exc.strerror or exc}); the previous model/ (if "
-            "any) is unchanged. The run is finished and checkpointed: free space, then --resume writes it"
-        )
-    print(f"model: {folder} ({folder_mb(folder):.1f} MiB; AutoModelForCausalLM.from_pretrained loads it)")
-    return None, None
 
 
 def folder_mb(path: Path) -> float:

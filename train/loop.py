@@ -25,11 +25,10 @@ from .config import TrainConfig
 from .distributed import Dist, from_env, shutdown
 from .errors import Refused, TrainError
 from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
-from .export import export_finished
 from .model import mixed_precision, resolve_device
 from .probe import kl_from_init
 from .record import reset_train_peak
-from .run.checkpoint import STATE_FILE, read_checkpoint
+from .run.checkpoint import STATE_FILE, export_finished, read_checkpoint
 from .run.dashboards import dashboard_backend
 from .run.files import expand_output_dir, output_path
 from .run.lock import RunLock

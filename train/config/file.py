@@ -19,6 +19,7 @@ import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from ..strict_json import dumps
 from .fields import ConfigError, check_field, field_specs
 from .train_config import RUN_PRESETS, TrainConfig, parse_flag_text
 
@@ -258,8 +259,6 @@ def _unknown(key: str, where: str) -> ConfigFileError:
 def _loss_overrides_of(train: dict, loss: dict, where: str) -> dict:
     """The --loss.FIELD overrides a run had: the fields where its effective LossConfig (config.json's "loss") differs
     from the one its preset and `loss` string make."""
-    from ..run.metrics import dumps
-
     cfg = TrainConfig(**train)
     base = json.loads(dumps(dataclasses.asdict(cfg.loss_config())))  # as config.json holds it (tuples as lists)
     unknown = sorted(set(loss) - set(base))

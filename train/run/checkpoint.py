@@ -7,7 +7,8 @@ with. OUTPUT_DIR/probe.pt holds the KL-from-init probe.
 
 Both are read with `torch.load(weights_only=True)`: a file from the run directory is data, never code (a pickled
 object in it is refused, not executed). Both are written atomically: to `NAME.tmp`, flushed to disk, then renamed over
-the previous file, which stays intact until the new one is complete.
+the previous file, which stays intact until the new one is complete. `export_finished`: the model export at the end of
+a finished, checkpointed run (train/export.py writes the folder), and what a signal or a full disk left.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import torch
 from torch import Tensor
 
 from ..errors import TrainError
+from ..export import MODEL_DIR, export_model, folder_mb
 from ..run.files import NOFOLLOW, atomic_writer
 from ..run.rng import is_random_state, restore_rng
+from ..run.signals import signal_name
 
 # of state.pt. Format 1 (pickles) and 2 (no feature states; the collapse history and the dynamic-sampling generator
 # in the loop's state) are refused with a message that says so.
@@ -363,3 +366,23 @@ def load_probe(file: Path) -> dict:
     _require(n == len(pr["texts"]) and pr["completion_mask"].shape == (n, t), file, what, "inconsistent shapes")
     _require(pr["logp0"].shape == (n, t) and pr["completion_mask"].dtype == torch.bool, file, what, "logp0 / mask")
     return pr
+
+
+def export_finished(model, tok, out_dir: Path) -> tuple[str | None, str | None]:
+    """`export_model` at the end of a finished, checkpointed run -> (the signal that stopped it, or None; what went
+    wrong, or None). A signal or an OSError (a full disk) leaves model/ as it was and says so; the run itself is saved
+    (its checkpoint, metrics.jsonl, heldout.jsonl and the summary the caller writes)."""
+    try:
+        folder = export_model(model, tok, out_dir)
+    except KeyboardInterrupt as exc:
+        name = signal_name(exc)
+        print(f"\n{name} while writing {Path(out_dir) / MODEL_DIR}: not written (the run is finished and "
+              "checkpointed; --resume writes the model)")  # fmt: skip
+        return name, None
+    except OSError as exc:
+        return None, (
+            f"writing {Path(out_dir) / MODEL_DIR} failed ({exc.strerror or exc}); the previous model/ (if "
+            "any) is unchanged. The run is finished and checkpointed: free space, then --resume writes it"
+        )
+    print(f"model: {folder} ({folder_mb(folder):.1f} MiB; AutoModelForCausalLM.from_pretrained loads it)")
+    return None, None

@@ -4,28 +4,12 @@ owns the file for the length of a run. Every file the trainer writes is strict J
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 from ..errors import Refused
 from ..run.files import LinkRefused, open_append, read_text, write_text_atomic
-
-
-def json_safe(obj):
-    """`obj` with every non-finite float (NaN, +-inf) replaced by None, recursively: what strict JSON can hold."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def dumps(obj, **kwargs) -> str:
-    """json.dumps that never writes a bare NaN / Infinity (they become null)."""
-    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+from ..strict_json import dumps
 
 
 def write_json(path: Path, obj, **kwargs) -> None:
