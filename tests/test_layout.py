@@ -158,6 +158,43 @@ def test_the_trainer_imports_only_from_its_row_or_below():
     assert not wrong, "\n".join(wrong)
 
 
+def absolute_imports(top: str) -> dict[str, set[str]]:
+    """Every module of package `top` -> every absolute module name it imports (any depth of its code)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for path in (REPO / top).rglob("*.py"):
+        names = out.setdefault(".".join(path.relative_to(REPO).with_suffix("").parts), set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+    return out
+
+
+def test_the_packages_layer_rules():
+    """docs/design.md's rules for sgrpo_kernels, on the import graph (function-level imports included): the ops side
+    never imports the RL layer or the integrations; a backend imports only the contract and its own modules (the
+    registry picks them); validation and support import nothing of the package; train/ never reaches into the
+    backends."""
+    graph, pkg = import_graph("sgrpo_kernels"), "sgrpo_kernels"
+    ops_side = tuple(f"{pkg}.{m}" for m in ("ops", "custom_ops", "vocab_parallel", "truncation", "support",
+                                             "validation", "backends"))  # fmt: skip
+    wrong = []
+    for m, deps in graph.items():
+        if m.startswith(ops_side):
+            wrong += [f"{m} imports {d}" for d in deps if d.startswith((f"{pkg}.rl", f"{pkg}.integrations"))]
+        if m.startswith(f"{pkg}.backends.") and m.split(".")[2] not in ("registry", "contract"):
+            own, allowed = f"{pkg}.backends.{m.split('.')[2]}", (pkg, f"{pkg}.backends", f"{pkg}.backends.contract")
+            wrong += [f"{m} imports {d}" for d in deps if d not in allowed and d != own and not d.startswith(own + ".")]
+    for m in (f"{pkg}.validation", f"{pkg}.support"):
+        wrong += [f"{m} imports {d}" for d in graph[m] if d != pkg]
+    for m, names in absolute_imports("train").items():
+        wrong += [f"{m} imports {n}" for n in sorted(names) if n.startswith(f"{pkg}.backends")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_trainer_public_face_is_lazy():
     """`import train` loads nothing heavy; its five names are the trainer's own objects."""
     mods = loaded_after("import train")
