@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.bench_trainers import trainer_value
 from benchmarks.common import RESULTS, check_out, cpu_name, git_sha, int_at_least, scratch_dir, trainer_module, versions
 
@@ -66,7 +67,7 @@ def run_job(nproc: int, args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_ddp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=common.prog("bench_ddp"), description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int_at_least(2), default=2,
                    help="processes of the data-parallel job (torchrun), compared against 1 process")
     p.add_argument("--steps", type=int_at_least(1), default=4)
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Data parallel on one CPU machine: 1 process vs {args.nproc} (gloo)",
         "",
-        f"`{shlex.join(['python', '-m', 'benchmarks.bench_ddp', *argv])}` at "
+        f"`{shlex.join([*shlex.split(common.prog('bench_ddp')), *argv])}` at "
         f"{git_sha()}; {cpu_name()}, {args.cores} cores; {versions()}. Same global batch: {args.prompts} prompts x "
         f"G={args.group_size} per step; the threads split between the processes. Step time: mean over steps 2.."
         f"{args.steps} (rollout, loss, backward, gradient all-reduce, optimizer).",

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     _alias("benchmarks", package)
     _alias("train", trainer)
     _alias("study", "study" if package == "benchmarks" else "sgrpo_study")  # (study_task reads the study's regimes)
+    importlib.import_module("benchmarks.common").LAUNCHED_AS = f"sgrpo-bench {argv[0]}"  # usage lines say so
     module = importlib.import_module(f"benchmarks.{SCRIPTS[argv[0]][0]}")
     result = module.main(argv[1:])
     return result if isinstance(result, int) else 0

@@ -18,6 +18,14 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+LAUNCHED_AS: str | None = None  # "sgrpo-bench NAME" when the wheel's command started the script (benchmarks/cli.py)
+
+
+def prog(module: str) -> str:
+    """The command that runs script `module` as the user started it, for its usage line, errors and recorded command:
+    `sgrpo-bench NAME` through the wheel's command (where no `benchmarks` package exists), else `python -m
+    benchmarks.MODULE`."""
+    return LAUNCHED_AS or f"python -m benchmarks.{module}"
 IGNORE = -100  # ignore_index of every benchmarked call
 
 

@@ -105,3 +105,6 @@ def test_every_sgrpo_bench_script_starts_from_the_installed_layout(tmp_path):
     started = [line for line in res.stdout.splitlines() if line.startswith("started ")]
     assert started == [f"started {s}" for s in SCRIPTS]
     assert list(elsewhere.iterdir()) == []  # --help writes nothing
+    # each usage line names the command that ran it (it named `python -m benchmarks.X`, which the wheel has not)
+    usage = [line.split()[1:3] for line in res.stdout.splitlines() if line.startswith("usage: ")]
+    assert usage == [["sgrpo-bench", s] for s in SCRIPTS], usage
