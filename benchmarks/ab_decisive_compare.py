@@ -13,7 +13,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import int_at_least, prog
+from benchmarks import common
+from benchmarks.common import int_at_least
 
 TIMING = {"tokens_per_s", "gen_s", "step_s", "sync_s", "peak_mem_mb", "train_peak_mem_mb", "wall_s", "output_dir"}
 ADDED = {"rollout_ratio_mean", "rollout_ratio_outside"}  # step-record keys added after 0395a0a
@@ -41,7 +42,7 @@ def busy(r: dict) -> float:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog=prog("ab_decisive_compare"), description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=common.prog("ab_decisive_compare"), description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path, help="the folder ab_decisive_step.sh wrote its runs into")
     ap.add_argument("arm", help="the arm it ran (its run folders are ARM-old-rN and ARM-new-rN)")
     ap.add_argument("rounds", type=int_at_least(1), help="how many rounds it ran")

@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import (
     RESULTS,
     PeakRSS,
@@ -39,7 +39,6 @@ from benchmarks.common import (
     cpu_name,
     git_sha,
     int_at_least,
-    prog,
     quantiles,
     spawn_worker,
     versions,
@@ -171,7 +170,7 @@ def _agree(a: dict, b: dict) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog("bench_cpu"),
+        prog=common.prog("bench_cpu"),
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -239,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             "mem_vs_ref"] + (["time_vs_trl"] if "trl" in PROVIDERS else [])  # fmt: skip
     header = (f"CPU benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
               f"git {rows[0]['git_sha']}, fp32, repeats={args.repeats}.\n"
-              f"Command: {shlex.join([*shlex.split(prog('bench_cpu')), *argv])}\n\n")  # fmt: skip
+              f"Command: {common.command_line('bench_cpu', argv)}\n\n")  # fmt: skip
     write_tables(output_stem(args), rows, cols, header)
     return 0
 

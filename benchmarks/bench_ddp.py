@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import socket
 import statistics
 import subprocess
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# Data parallel on one CPU machine: 1 process vs {args.nproc} (gloo)",
         "",
-        f"`{shlex.join([*shlex.split(common.prog('bench_ddp')), *argv])}` at "
+        f"`{common.command_line('bench_ddp', argv)}` at "
         f"{git_sha()}; {cpu_name()}, {args.cores} cores; {versions()}. Same global batch: {args.prompts} prompts x "
         f"G={args.group_size} per step; the threads split between the processes. Step time: mean over steps 2.."
         f"{args.steps} (rollout, loss, backward, gradient all-reduce, optimizer).",

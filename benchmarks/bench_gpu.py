@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from benchmarks.common import (
     IGNORE,
     check_out,
@@ -55,7 +56,6 @@ from benchmarks.common import (
     make_call,
     markdown_table,
     parse_shape,
-    prog,
     quantiles,
     versions,
     write_csv,
@@ -254,7 +254,7 @@ def _parse_modes(ap: argparse.ArgumentParser, text: str) -> list[tuple[str, floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("bench_gpu"), description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=common.prog("bench_gpu"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated MxDxV")
     ap.add_argument("--providers", default=",".join(PROVIDERS))
     ap.add_argument("--modes", default="fwd,fwd+bwd,fwd+bwd@0.5", help="fwd, fwd+bwd, fwd+bwd@FRAC (zero-grad rows)")

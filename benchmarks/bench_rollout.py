@@ -29,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import (
     RESULTS,
     check_out,
     cpu_name,
     git_sha,
     int_at_least,
-    prog,
     quantiles,
     scratch_dir,
     script_args,
@@ -138,7 +138,7 @@ def table(rows: list[dict], lengths: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=prog("bench_rollout"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=common.prog("bench_rollout"), description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", default=",".join(ENGINES[:3]), help=f"comma-separated, from {', '.join(ENGINES)}")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tokens", type=int_at_least(1), nargs="+", default=[12, 128], help="max new tokens, each a run")

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from benchmarks.bench_rollout import VLLM_INSTALL
 from benchmarks.common import (
     RESULTS,
@@ -36,7 +37,6 @@ from benchmarks.common import (
     git_sha,
     int_at_least,
     markdown_table,
-    prog,
     scratch_dir,
     versions,
 )
@@ -89,7 +89,7 @@ def ratio_stats(trainer: torch.Tensor, engine: torch.Tensor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("bench_sampler_bias"), description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=common.prog("bench_sampler_bias"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int_at_least(1), default=32, help="prompts, one completion each")
     ap.add_argument("--max-tokens", type=int_at_least(1), default=128, help="new tokens per completion, at most")
     ap.add_argument("--temperature", type=float_range(0), default=1.0, help="the sampling temperature T (> 0)")

@@ -33,13 +33,13 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import (
     RESULTS,
     check_out,
     cpu_name,
     git_sha,
     int_at_least,
-    prog,
     scratch_dir,
     script_args,
     trainer_module,
@@ -242,7 +242,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog=prog("bench_trainers"), description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=common.prog("bench_trainers"), description=__doc__.split("\n\n")[0])
     p.add_argument("--trainers", default=",".join(DEFAULT_TRAINERS),
                    help=f"comma-separated, from {', '.join(TRAINERS)}")  # fmt: skip
     p.add_argument("--vllm-python", default=sys.executable,
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     job = {k: getattr(args, k) for k in ("model", "steps", "prompts", "group_size", "max_new_tokens", "eval_problems",
                                          "threads", "seed", "mixed_precision")}  # fmt: skip
     meta = {"job": job, "cpu": cpu_name(), "git": git_sha(), "versions": versions(), "load1": os.getloadavg()[0],
-            "command": shlex.join([*shlex.split(prog("bench_trainers")), *argv])}  # fmt: skip
+            "command": common.command_line("bench_trainers", argv)}  # fmt: skip
     (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "trainers": rows}, indent=2) + "\n")
     md = (f"# Trainers end to end on CPU\n\n`{meta['command']}` on {meta['cpu']} (git {meta['git']}); job: "
           f"{json.dumps(job)}\n\n{table(rows)}\n")  # fmt: skip

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import (
     RESULTS,
     PeakRSS,
@@ -32,7 +32,6 @@ from benchmarks.common import (
     cpu_name,
     git_sha,
     int_at_least,
-    prog,
     quantiles,
     spawn_worker,
     versions,
@@ -147,7 +146,7 @@ def _spawn(*args) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog("bench_truncated"),
+        prog=common.prog("bench_truncated"),
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -201,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["regime", "provider", "N", "ms_median", "ms_p20", "ms_p80", "peak_extra_mb", "time_vs_full", "mem_vs_full"]
     head = (f"Sampler-support benchmark: {rows[0]['device']}, {rows[0]['threads']} threads, {rows[0]['versions']}, "
             f"git {rows[0]['git_sha']}, fp32, Qwen2.5-0.5B head (D={D}, V={V}), fwd+bwd, repeats={args.repeats}.\n"
-            f"Command: {shlex.join([*shlex.split(prog('bench_truncated')), *argv])}\n\n")  # fmt: skip
+            f"Command: {common.command_line('bench_truncated', argv)}\n\n")  # fmt: skip
     write_tables(RESULTS / "truncated_cpu" if args.publish else Path(args.out), rows, cols, head)
     return 0
 

@@ -9,6 +9,7 @@ import csv
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,11 @@ def prog(module: str) -> str:
     `sgrpo-bench NAME` through the wheel's command (where no `benchmarks` package exists), else `python -m
     benchmarks.MODULE`."""
     return LAUNCHED_AS or f"python -m benchmarks.{module}"
+
+
+def command_line(module: str, argv: list[str]) -> str:
+    """The command that ran script `module` with `argv`, shell-quoted, for a result's header (`prog`)."""
+    return shlex.join([*shlex.split(prog(module)), *argv])
 IGNORE = -100  # ignore_index of every benchmarked call
 
 

@@ -18,10 +18,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.common import check_out, installed, prog, scratch_dir
+from benchmarks import common
+from benchmarks.common import check_out, installed, scratch_dir
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COMMAND = prog("memory_on_paper")  # (the wheel's command sets what prog says before this module loads)
+COMMAND = common.prog("memory_on_paper")  # (the wheel's command sets what prog says before this module loads)
 GIB = 2**30
 
 

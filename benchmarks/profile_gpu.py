@@ -16,12 +16,12 @@ unless --out is given, never into benchmarks/results/ by default.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
 import torch
 
+from benchmarks import common
 from benchmarks.common import (
     IGNORE,
     check_out,
@@ -32,7 +32,6 @@ from benchmarks.common import (
     make_call,
     markdown_table,
     parse_shape,
-    prog,
     versions,
 )
 
@@ -76,7 +75,7 @@ def kernel_table(events, cuda: bool, M: int, M_active: int, D: int, V: int, repe
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("profile_gpu"), description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=common.prog("profile_gpu"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="8192x4096x131072", help="MxDxV")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--backend", default="triton", choices=["triton", "torch"])
@@ -134,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     dev_name = torch.cuda.get_device_name(device) if cuda else "cpu (smoke test: operator self-times)"
     head = (f"# Kernel time breakdown: {args.backend}, {args.mode}, M={M} D={D} V={V} {args.dtype}, "
             f"zero_grad_frac={args.zero_frac} ({m_active} active rows)")
-    command = [*shlex.split(prog("profile_gpu")), "--shape", f"{M}x{D}x{V}", "--dtype", args.dtype]
-    command += ["--backend", args.backend, "--mode", args.mode, "--zero-frac", str(args.zero_frac)]
-    command += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)] + ([] if cuda else ["--device", "cpu"])
-    md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "", f"`{shlex.join(command)}`", "",
+    flags = ["--shape", f"{M}x{D}x{V}", "--dtype", args.dtype]
+    flags += ["--backend", args.backend, "--mode", args.mode, "--zero-frac", str(args.zero_frac)]
+    flags += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)] + ([] if cuda else ["--device", "cpu"])
+    command = common.command_line("profile_gpu", flags)
+    md = [head, "", f"{dev_name}; {versions()}; git {git_sha()}", "", f"`{command}`", "",
           markdown_table(rows, ["kernel", "calls", "ms_per_call", "share", "tflops"]), ""]
     text = "\n".join(md)
     print(text)

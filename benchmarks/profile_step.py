@@ -45,7 +45,8 @@ from pathlib import Path
 
 import torch
 
-from .common import RESULTS, git_sha, markdown_table, prog
+from . import common
+from .common import RESULTS, git_sha, markdown_table
 from .step_passes import PHASES, P, install, summarize
 
 # ------------------------------------------------------------------------------------------------ one profiled run
@@ -304,7 +305,7 @@ def _check_args(ap: argparse.ArgumentParser, args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=prog("profile_step"), description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=common.prog("profile_step"), description=__doc__.split("\n\n")[0])
     ap.add_argument("--regime", default="decisive", help="the study's regime (train/study/grid.py REGIMES) or default")
     ap.add_argument("--arms", default="grpo_nokl", help="comma-separated study arms, each profiled in its own process")
     ap.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # one arm, in this process (what --arms runs)

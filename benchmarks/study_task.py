@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import check_out, int_at_least, prog
+from benchmarks import common
+from benchmarks.common import check_out, int_at_least
 
 
 def entropy_profile(model, tok, batch, temperature: float) -> dict:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from train.tasks import make_task
     from train.tasks.registry import TASK_OPTIONS
 
-    p = argparse.ArgumentParser(prog=prog("study_task"), description=__doc__,
+    p = argparse.ArgumentParser(prog=common.prog("study_task"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--regime", default="decisive", choices=sorted(REGIMES))
     p.add_argument("--seeds", default="0,1,2,3,4", type=_seeds, help="comma-separated seeds, each an integer >= 0")

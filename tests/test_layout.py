@@ -68,17 +68,18 @@ def test_trainer_entry_points_load_neither_sandbox_nor_study(code):
     assert "train.sandbox" not in mods
 
 
-def import_graph(top: str) -> dict[str, set[str]]:
-    """Every module of package `top` -> the modules of `top` it imports, at any depth of its code (a function-level
-    import counts: it closes a loop as surely when it runs)."""
+def module_imports(top: str) -> dict[str, set[str]]:
+    """Every module of package `top` -> every module it imports (relative imports resolved, with the packages above
+    each: importing a.b.c runs the __init__ of a and a.b first), at any depth of its code (a function-level import
+    counts: it closes a loop as surely when it runs)."""
     import ast
 
-    graph: dict[str, set[str]] = {}
+    out: dict[str, set[str]] = {}
     for path in (REPO / top).rglob("*.py"):
         parts = path.relative_to(REPO).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         package = name if parts[-1] == "__init__" else name.rpartition(".")[0]
-        out = graph.setdefault(name, set())
+        names = out.setdefault(name, set())
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -91,9 +92,15 @@ def import_graph(top: str) -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             else:
                 continue
-            for t in targets:  # importing a.b.c runs the __init__ of a and a.b first
+            for t in targets:
                 parts_t = t.split(".")
-                out.update(".".join(parts_t[:i]) for i in range(1, len(parts_t) + 1) if parts_t[0] == top)
+                names.update(".".join(parts_t[:i]) for i in range(1, len(parts_t) + 1))
+    return out
+
+
+def import_graph(top: str) -> dict[str, set[str]]:
+    """Every module of package `top` -> the modules of `top` it imports (`module_imports`)."""
+    graph = module_imports(top)
     # a module's own enclosing packages are already being imported when it runs: not an edge of a loop
     return {m: {t for t in deps if t in graph and t != m and not m.startswith(t + ".")} for m, deps in graph.items()}
 
@@ -158,21 +165,6 @@ def test_the_trainer_imports_only_from_its_row_or_below():
     assert not wrong, "\n".join(wrong)
 
 
-def absolute_imports(top: str) -> dict[str, set[str]]:
-    """Every module of package `top` -> every absolute module name it imports (any depth of its code)."""
-    import ast
-
-    out: dict[str, set[str]] = {}
-    for path in (REPO / top).rglob("*.py"):
-        names = out.setdefault(".".join(path.relative_to(REPO).with_suffix("").parts), set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                names.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
-            elif isinstance(node, ast.Import):
-                names.update(a.name for a in node.names)
-    return out
-
-
 def test_the_packages_layer_rules():
     """docs/design.md's rules for sgrpo_kernels, on the import graph (function-level imports included): the ops side
     never imports the RL layer or the integrations; a backend imports only the contract and its own modules (the
@@ -190,7 +182,7 @@ def test_the_packages_layer_rules():
             wrong += [f"{m} imports {d}" for d in deps if d not in allowed and d != own and not d.startswith(own + ".")]
     for m in (f"{pkg}.validation", f"{pkg}.support"):
         wrong += [f"{m} imports {d}" for d in graph[m] if d != pkg]
-    for m, names in absolute_imports("train").items():
+    for m, names in module_imports("train").items():
         wrong += [f"{m} imports {n}" for n in sorted(names) if n.startswith(f"{pkg}.backends")]
     assert not wrong, "\n".join(wrong)
 

@@ -102,6 +102,12 @@ def _condition(name: str, value) -> str:
     return f"with {_flag(name)} {_show(value)}"
 
 
+def _set_to_act(name: str, value, base: Mapping[str, object]) -> bool:
+    """Whether `value` of field `name` asks for something: not the value the run has without it, nor the field's own
+    "off" value."""
+    return value != base.get(name) and not (name in OFF_VALUES and value == OFF_VALUES[name])
+
+
 def inert_warnings(cfg, given: Mapping[str, str], base: Mapping[str, object]) -> list[str]:
     """One warning line for each field in `given` (field -> where it was given: "" for a typed flag, else e.g.
     "--config run.yaml") whose value in `cfg` differs from `base[field]` (the value without the user's setting) and
@@ -113,9 +119,7 @@ def inert_warnings(cfg, given: Mapping[str, str], base: Mapping[str, object]) ->
             continue
         for name in row.fields:
             value = getattr(cfg, name)
-            if name in warned or name not in given or value == base.get(name):
-                continue
-            if name in OFF_VALUES and value == OFF_VALUES[name]:
+            if name in warned or name not in given or not _set_to_act(name, value, base):
                 continue
             warned.add(name)
             where = f" ({given[name]})" if given[name] else ""
@@ -131,11 +135,11 @@ def fallback_warnings(cfg) -> list[str]:
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     out = []
     for row in INERT:
-        if row.inert is not _vllm_off or not row.also(cfg):
+        if row.controller != "use_vllm" or not row.also(cfg):
             continue
         for name in row.fields:
             value = getattr(cfg, name)
-            if value != defaults[name] and not (name in OFF_VALUES and value == OFF_VALUES[name]):
+            if _set_to_act(name, value, defaults):
                 out.append(f"warning: {_flag(name)} {_show(value)} does nothing with --use-vllm auto here: it fell "
                            f"back to HF generate ({row.why})")  # fmt: skip
     return out
