@@ -27,8 +27,8 @@ How a threshold is found, per row (the passes recompute the tiles; only O(N * C)
      <= G tokens, else the search recurses into it. Each recursion narrows the range by B (and a bin of equal values
      ends it), so the number of passes is bounded; two passes (histogram + gather) is the common case.
 The threshold handed to the backends is the midpoint between the last kept value and the next value below it (the
-next value comes from the same list or bin, or one more pass), so a backend's own recomputation of the logits, which
-may round an ulp differently, keeps the same tokens. A row with nothing to cut gets -inf.
+next value comes from the same list or bin, or one more pass): a backend's own logits, off by less than half that gap,
+keep the same tokens (the logits op's backends divide by T as the tile does: same bits). Nothing to cut: -inf.
 """
 
 from __future__ import annotations

@@ -354,8 +354,9 @@ def _sampler_tensor(name: str, value: Tensor, lead: torch.Size, device: torch.de
 
 def _sampler_bad(name: str, values: Tensor, bad: Tensor, accepted: str) -> None:
     if values.numel() and bool(bad.any()):
+        rows = torch.nonzero(bad.reshape(-1)).squeeze(1)[:3].tolist()  # (the leading shape's rows, flattened)
         raise ValueError(f"{name} must be {accepted}; found {int(bad.sum())} value(s) outside, e.g. "
-                         f"{values[bad][:3].tolist()}")
+                         f"{values.reshape(-1)[rows].tolist()} at row(s) {rows}")
 
 
 def check_top_k(top_k: object, lead: torch.Size, device: torch.device) -> Tensor | int | None:

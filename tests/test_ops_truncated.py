@@ -244,6 +244,36 @@ def test_target_outside_the_support_counts(dev_backend):
         assert abs(float(ent[row]) + float((q * q.log()).sum())) < 1e-6
 
 
+def test_boundary_values_one_ulp_apart_keep_the_searchs_tokens(dev_backend):
+    """fp32 logits whose x / T are adjacent floats at the support's boundary: the midpoint threshold rounds onto the
+    kept value, so a backend must compute z = x / T exactly as the search does (and as vLLM's sampler does). The
+    Triton kernels multiplied by 1 / T, one ulp lower here, and dropped the kept token: logp 0.0, entropy 0.0 (top_k),
+    and the same through min_p's bound, which is used as it is."""
+    device, backend = dev_backend
+    x1, x2, temp = -3.661336898803711, -3.66133713722229, 0.7  # x1 / 0.7 and x2 / 0.7: adjacent fp32 values
+    cases = [  # (logits row, target, settings, the kept tokens)
+        ([0.0, x1, x2, -10.0], 0, dict(top_k=2), [0, 1]),
+        ([x1, -10.0, -12.0], 1, dict(min_p=0.9999999), [0, 1]),  # the bound rounds onto z_0 = the row's max
+    ]
+    for row, y, kw, kept in cases:
+        x = torch.tensor([row], dtype=torch.float32)
+        assert x1 / temp != x2 / temp and float(torch.tensor(x1) / temp) != float(torch.tensor(x2) / temp)
+        leaf = x.clone().to(device).requires_grad_(True)
+        logp, ent = sk.logprobs_from_logits(leaf, torch.tensor([y], device=device), backend=backend,
+                                            temperature=temp, **kw)
+        (grad,) = torch.autograd.grad(logp.sum() + ent.sum(), [leaf])
+        z = x.double()[0, kept] / temp
+        q = torch.softmax(z, 0)
+        want_grad = torch.zeros(len(row), dtype=torch.float64)  # d(logp + H)/dx over the kept tokens, 0 elsewhere
+        logq = q.log()
+        h = -(q * logq).sum()
+        want_grad[kept] = ((torch.arange(len(kept)) == kept.index(y)).double() - q - q * (logq + h)) / temp
+        logp, ent = float(logp.detach()), float(ent.detach())
+        assert abs(logp - float(logq[kept.index(y)])) < 1e-5, (kw, logp)
+        assert abs(ent - float(h)) < 1e-5, (kw, ent)
+        torch.testing.assert_close(grad.cpu().double()[0], want_grad, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("seed", [2, 3])
 @pytest.mark.parametrize("bins, gather", [(3, 2), (5, 9)])
 def test_search_recursion_forced_small(monkeypatch, seed, bins, gather):
@@ -390,6 +420,8 @@ _LEAD = (N,)
     (dict(top_p=float("nan")), ValueError, ["top_p", "nan"]),
     (dict(top_p="0.9"), TypeError, ["top_p", "str"]),
     (dict(top_p=torch.full((N,), 1.2, dtype=torch.float64)), ValueError, ["top_p", "(0, 1]", "1.2"]),
+    (dict(top_p=torch.ones(N, dtype=torch.float64).index_fill(0, torch.tensor([5]), 1.2)), ValueError,
+     ["top_p", "found 1 value(s)", "[1.2] at row(s) [5]"]),  # which row (it named the value only)
     (dict(top_p=torch.ones(N, dtype=torch.int64)), TypeError, ["top_p", "floating"]),
     (dict(top_p=torch.ones(2, N, dtype=torch.float64)), ValueError, ["top_p", f"({N},)"]),
     (dict(min_p=1.0), ValueError, ["min_p", "[0, 1)", "1.0"]),

@@ -273,7 +273,7 @@ def logprobs_from_logits_fwd(logits, targets, opts: Options, threshold=None, *, 
         "logits_fwd", _logprobs_from_logits_fwd_kernel, lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),), x,
         INTERP_LOGITS,
         x, targets, logp, ent if opts.return_entropy else logp, stats if opts.need_stats else logp, thr, n, vocab,
-        x.stride(0), x.stride(1), 1.0 / opts.temperature, opts.ignore_index,
+        x.stride(0), x.stride(1), 1.0 / opts.temperature, opts.temperature, opts.ignore_index,
         WITH_ENTROPY=opts.return_entropy, WITH_STATS=opts.need_stats, TRUNCATE=truncate,
     )
     return _as_output_dtype(logits.dtype, logp, ent, stats)
@@ -300,7 +300,8 @@ def logprobs_from_logits_bwd(grad_logp, grad_entropy, logits, targets, stats, en
         thr, truncate = _threshold(threshold, gl)
         _logprobs_from_logits_bwd_kernel[(triton.cdiv(n, meta["BLOCK_M"]),)](
             x, targets, stats, ent, gl, ge, out, thr, n, vocab, x.stride(0), x.stride(1), out.stride(0),
-            out.stride(1), stats.stride(0), 1.0 / opts.temperature, opts.ignore_index, HAS_GE=has_ge,
+            out.stride(1), stats.stride(0), 1.0 / opts.temperature, opts.temperature, opts.ignore_index,
+            HAS_GE=has_ge,
             TRUNCATE=truncate, **meta,
         )
     if logits.dtype == torch.float64:

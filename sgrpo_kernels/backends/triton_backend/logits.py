@@ -12,8 +12,20 @@ __all__ = ["_logprobs_from_logits_bwd_kernel", "_logprobs_from_logits_fwd_kernel
 
 
 @triton.jit
+def scaled(x, inv_temp, temp, TRUNCATE: tl.constexpr):
+    """z = logits / temperature in fp32. With the sampler's support, an IEEE division, as the threshold search, the
+    torch backend and vLLM's sampler compute it: x * (1 / T) can land an ulp away, and where the last kept value and
+    the next one below are adjacent floats (their midpoint, the threshold, rounds onto the kept one) that ulp dropped
+    the kept token. Without it the cheaper product."""
+    if TRUNCATE:
+        return tl.math.div_rn(x.to(tl.float32), temp)
+    else:
+        return x.to(tl.float32) * inv_temp
+
+
+@triton.jit
 def _logprobs_from_logits_fwd_kernel(
-    x_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, thr_ptr, N, V, stride_xn, stride_xv, inv_temp, ignore_index,
+    x_ptr, t_ptr, logp_ptr, ent_ptr, stats_ptr, thr_ptr, N, V, stride_xn, stride_xv, inv_temp, temp, ignore_index,
     WITH_ENTROPY: tl.constexpr, WITH_STATS: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -32,7 +44,7 @@ def _logprobs_from_logits_fwd_kernel(
         col_ok = cols < V
         x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
                     mask=live[:, None] & col_ok[None, :], other=0.0)
-        z = tl.where(col_ok[None, :], x.to(tl.float32) * inv_temp, NEG)
+        z = tl.where(col_ok[None, :], scaled(x, inv_temp, temp, TRUNCATE), NEG)
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
         if TRUNCATE:
@@ -46,7 +58,7 @@ def _logprobs_from_logits_fwd_kernel(
 @triton.jit
 def _logprobs_from_logits_bwd_kernel(
     x_ptr, t_ptr, stats_ptr, ent_ptr, gl_ptr, ge_ptr, out_ptr, thr_ptr, N, V,
-    stride_xn, stride_xv, stride_on, stride_ov, stride_stats, inv_temp, ignore_index,
+    stride_xn, stride_xv, stride_on, stride_ov, stride_stats, inv_temp, temp, ignore_index,
     HAS_GE: tl.constexpr, TRUNCATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """dlogits chunk by chunk; out_ptr may alias x_ptr (each element is read, then written, by one program);
@@ -70,7 +82,7 @@ def _logprobs_from_logits_bwd_kernel(
         # elements not read (rows without gradient, columns past V) are -inf: p = 0, no exp overflow
         x = tl.load(x_ptr + rows[:, None] * stride_xn + cols[None, :] * stride_xv,
                     mask=live[:, None] & col_ok[None, :], other=float("-inf"))
-        z = x.to(tl.float32) * inv_temp
+        z = scaled(x, inv_temp, temp, TRUNCATE)
         hit = tl.arange(0, BLOCK_V)[None, :] == (tgt - v0).to(tl.int32)[:, None]
         if TRUNCATE:
             cut = outside_support(z, thr, hit)
