@@ -613,14 +613,17 @@ def test_parity_with_trl_cispo_and_sapo(tmp_path, preset, loss, trl_kw):
     _both_losses(t, inputs)
 
 
+@pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
-def test_sampler_correction_from_trls_fields_equals_trl(tmp_path, mode):
+def test_sampler_correction_from_trls_fields_equals_trl(tmp_path, mode, beta):
     """With vLLM's log-probs in the batch, the integration weights the loss by the RL layer's sampler IS weights from
     TRL's own fields; equal to TRL's loss given TRL's ratio (written here from TRL's rule), and to TRL's off-policy
-    sequence mask."""
-    t = trainer(tmp_path, "grpo", "beta=0", loss_type="grpo", epsilon=0.2, temperature=0.7, bf16=False,
-                vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=1.3,
-                vllm_importance_sampling_clip_min=0.8, off_policy_mask_threshold=0.05)  # fmt: skip
+    sequence mask. With a KL term (beta 0.04) the weights and the mask act on the policy term alone, as TRL's: they
+    weighed the KL term too (0.2-0.6% off TRL's loss)."""
+    kl = dict(from_disk=True, beta=beta, use_bias_correction_kl=False) if beta else {}
+    t = trainer(tmp_path, "grpo", "" if beta else "beta=0", loss_type="grpo", epsilon=0.2, temperature=0.7,
+                bf16=False, vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=1.3,
+                vllm_importance_sampling_clip_min=0.8, off_policy_mask_threshold=0.05, **kl)  # fmt: skip
     t.model.train()
     t.current_gradient_accumulation_steps = 1
     t.use_vllm, t.vllm_importance_sampling_correction = True, True  # as if vLLM had sampled the batch
@@ -636,6 +639,8 @@ def test_sampler_correction_from_trls_fields_equals_trl(tmp_path, mode):
     ratio = torch.exp(diff)
     ratio = ratio.clamp(0.8, 1.3) if mode.endswith("truncate") else ratio.masked_fill((ratio < 0.8) | (ratio > 1.3), 0)
     inputs.update(old_per_token_logps=old, sampling_per_token_logps=sampled, importance_sampling_ratio=ratio)
+    if beta:
+        inputs["ref_per_token_logps"] = lp + 0.2 * torch.randn(lp.shape, generator=g)
     _both_losses(t, inputs)
     kl = ((sampled - lp) * mask).sum(-1) / mask.sum(-1)
     assert ((inputs["advantages"] < 0) & (kl > 0.05)).any()  # the off-policy mask dropped a completion

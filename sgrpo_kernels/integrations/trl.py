@@ -233,13 +233,12 @@ class SGRPOTrainer(GRPOTrainer):
         head = lm_head(model)
         hidden = final_hidden(out, model, input_ids, t, head.weight.dtype)  # (B, T, D): predicting each token
         cfg = self.sgrpo_config
-        weights = inputs.get("sgrpo_token_weights")
         old, sampled = inputs.get("old_per_token_logps"), inputs.get("sampling_per_token_logps")
+        is_w = None  # TRL's sampler correction: on the policy term alone (the KL term, beta, is added after it)
         if self.use_vllm and self.vllm_importance_sampling_correction and old is not None and sampled is not None:
             is_w = sampler_importance_weights(old, sampled, mask, self.vllm_importance_sampling_mode,
                                               clip_max=self.vllm_importance_sampling_clip_max,
                                               clip_min=self.vllm_importance_sampling_clip_min)  # fmt: skip
-            weights = is_w if weights is None else weights * is_w.to(weights.dtype)
         loss, metrics = sgrpo_loss(
             hidden,
             head.weight,
@@ -251,7 +250,8 @@ class SGRPOTrainer(GRPOTrainer):
             **head.options(),  # bias, logit scale, softcap: applied in the model's order, before the temperature
             old_logp=inputs.get("old_per_token_logps"),
             ref_logp=inputs.get("ref_per_token_logps") if cfg.needs_ref else None,
-            token_weights=weights,
+            token_weights=inputs.get("sgrpo_token_weights"),
+            policy_weights=is_w,
             conflict_counts=inputs.get("sgrpo_conflict_counts"),
             sampler_logp=sampled if sampled is not None else old,  # TRL's off-policy mask reads the sampler's
             compute_entropy=True,

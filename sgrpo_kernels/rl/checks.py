@@ -13,7 +13,7 @@ __all__ = ["check_loss_inputs"]
 
 def check_loss_inputs(config, advantages, like: Tensor, like_name: str, *, entropy=None, old_logp=None, ref_logp=None,
                       token_weights=None, conflict_counts=None, max_logprob=None, sampler_logp=None,
-                      op_outputs: bool = True) -> Tensor:
+                      policy_weights=None, op_outputs: bool = True) -> Tensor:
     """Check the loss inputs against the ``[B, T]`` (and device) of `like` (``logp``; ``sgrpo_loss``: ``hidden``,
     before its LM-head forward); -> advantages. `op_outputs`: also require what the config needs of the op's outputs
     (entropy, max_logprob), which ``sgrpo_loss`` computes itself. The mask is the caller's to check."""
@@ -23,7 +23,8 @@ def check_loss_inputs(config, advantages, like: Tensor, like_name: str, *, entro
     adv = check_float_tensor("advantages", advantages, (b,), f" ([B], B from {like_name})")
     check_same_device("advantages", adv, like, like_name)
     for name, x in (("entropy", entropy), ("old_logp", old_logp), ("ref_logp", ref_logp),
-                    ("token_weights", token_weights), ("max_logprob", max_logprob), ("sampler_logp", sampler_logp)):
+                    ("token_weights", token_weights), ("max_logprob", max_logprob), ("sampler_logp", sampler_logp),
+                    ("policy_weights", policy_weights)):
         if x is not None:
             x = check_float_tensor(name, x, (b, t), f" (the [B, T] of {like_name})")
             check_same_device(name, x, like, like_name)

@@ -34,6 +34,7 @@ def sgrpo_loss(
     rewards: Tensor | None = None,
     group_size: int | None = None,
     sampler_logp: Tensor | None = None,
+    policy_weights: Tensor | None = None,
     generator: torch.Generator | None = None,
     compute_entropy: bool | None = None,
     backend: str | None = None,
@@ -62,7 +63,8 @@ def sgrpo_loss(
         weight: ``[V, D]`` LM-head weight; bias: optional ``[V]``.
         targets: ``[B, T]`` integer sampled completion tokens.
         advantages: ``[B]``; mask: ``[B, T]`` bool or float; config: a :class:`~sgrpo_kernels.rl.LossConfig`.
-        old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size, sampler_logp, generator: as in
+        old_logp, ref_logp, token_weights, conflict_counts, rewards, group_size, sampler_logp, policy_weights,
+            generator: as in
             :func:`~sgrpo_kernels.rl.policy_loss` (``vocab_size`` is taken from ``weight``).
         compute_entropy: compute token entropies (default: only when the config needs them); when computed, the
             ``entropy_mean`` metric is reported.
@@ -82,10 +84,10 @@ def sgrpo_loss(
             full softmax).
         on_logp: called once with the op's log-probs ``[B, T]`` (detached; 0 where ignored) before the loss is
             formed; returns keyword arguments of this function's loss inputs (``old_logp``, ``ref_logp``,
-            ``token_weights``, ``conflict_counts``, ``rewards``, ``group_size``, ``sampler_logp``) that depend on
-            them, which replace the given ones. For a trainer whose first pass is on-policy: the policy's log-probs
-            before the update are this forward's own, so e.g. a sampler correction (TIS weights) computed from them
-            needs no second LM-head pass.
+            ``token_weights``, ``conflict_counts``, ``rewards``, ``group_size``, ``sampler_logp``,
+            ``policy_weights``) that depend on them, which replace the given ones. For a trainer whose first pass is
+            on-policy: the policy's log-probs before the update are this forward's own, so e.g. a sampler correction
+            (TIS weights) computed from them needs no second LM-head pass.
 
     Returns:
         ``(loss, metrics)`` as :func:`~sgrpo_kernels.rl.policy_loss`.
@@ -102,7 +104,7 @@ def sgrpo_loss(
     if mask.device != hidden.device:
         raise ValueError(f"mask is on {mask.device}, expected {hidden.device} (the device of hidden)")
     inputs = dict(old_logp=old_logp, ref_logp=ref_logp, token_weights=token_weights, conflict_counts=conflict_counts,
-                  sampler_logp=sampler_logp)
+                  sampler_logp=sampler_logp, policy_weights=policy_weights)
     advantages = check_loss_inputs(config, advantages, hidden, "hidden", **inputs, op_outputs=False)  # before the head
     need_entropy = config.needs_entropy
     if compute_entropy is None:

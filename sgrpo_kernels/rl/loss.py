@@ -119,14 +119,18 @@ def _shape_advantages(config: LossConfig, x: _Batch, adv: Tensor, rewards, group
     return adv, keep, thr
 
 
-def _token_weights(config: LossConfig, x: _Batch, token_weights: Tensor | None, keep: Tensor):
-    """-> (w [B, T]: mask x conflict weight x kept completion, 0 on inactive tokens; active [B, T] bool)."""
+def _token_weights(config: LossConfig, x: _Batch, token_weights: Tensor | None, keep: Tensor,
+                   policy_weights: Tensor | None = None, policy_term: bool = True):
+    """-> (w [B, T]: mask x conflict weight x kept completion (x policy weight), 0 on inactive tokens; active [B, T]
+    bool). `policy_term`: with the top-entropy mask (TRL's, as its sampler weights: on the policy term alone)."""
     w = x.m
     if token_weights is not None:
         w = w * torch.where(x.valid, token_weights.detach().to(w.dtype), x.zero)
     w = w * keep.to(w.dtype).unsqueeze(1)
+    if policy_weights is not None:
+        w = w * torch.where(x.valid, policy_weights.detach().to(w.dtype), x.zero)
     active = w != 0
-    if config.top_entropy_quantile is not None:
+    if policy_term and config.top_entropy_quantile is not None:
         active = top_entropy_mask(x.h, active, config.top_entropy_quantile)
         w = torch.where(active, w, x.zero)
     return w, active
@@ -246,6 +250,7 @@ def policy_loss(
     max_logprob: Tensor | None = None,
     sampler_logp: Tensor | None = None,
     generator: torch.Generator | None = None,
+    policy_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r"""The GRPO-family policy loss of B completions of length T (see :class:`LossConfig` for every term).
 
@@ -255,8 +260,9 @@ def policy_loss(
 
     with :math:`w_{it} = m_{it}\,\lambda_{it}\,\mathbb{1}[\langle H\rangle_i \le H_{thr}]\,\mathbb{1}[\text{top-}\rho]`
     and the advantage :math:`A_i` (``max(A_i, 0)`` when positive_only, minus :math:`\gamma\langle H\rangle_i` with
-    the entropy advantage shift). Masked tokens, zero-weight tokens and filtered completions give exactly zero
-    gradient to ``logp`` and ``entropy``.
+    the entropy advantage shift); the top-rho mask, the off-policy mask and ``policy_weights`` weigh :math:`\ell` alone
+    (TRL's order: the KL term is added after them). Masked tokens, zero-weight tokens and filtered completions give
+    exactly zero gradient to ``logp`` and ``entropy``.
 
     Sources: PPO clip (Schulman et al. 2017), GRPO (DeepSeekMath, arXiv 2402.03300), DAPO clip-higher and token-mean
     (arXiv 2503.14476), Dr. GRPO (arXiv 2503.20783), GSPO (arXiv 2507.18071), dual clip (verl ``clip_ratio_c``), k3 KL
@@ -282,6 +288,9 @@ def policy_loss(
         sampler_logp: ``[B, T]`` the sampler's log-probs, for ``config.off_policy_mask_threshold`` (default:
             ``old_logp``).
         generator: the random draw of ``policy_term="clip_cov"`` (default: torch's global generator).
+        policy_weights: ``[B, T]`` float weights >= 0 of the policy term alone, detached inside: a sampler
+            correction's importance weights as TRL and verl apply them. Like ``off_policy_mask_threshold`` and
+            ``top_entropy_quantile`` (TRL's order) they leave the KL term (``beta``) unweighted.
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor and a dict of 0-d tensors (no device-to-host sync;
@@ -302,15 +311,15 @@ def policy_loss(
     check_same_device("mask", mask, logp, "logp")
     adv = check_loss_inputs(config, advantages, logp, "logp", entropy=entropy, old_logp=old_logp, ref_logp=ref_logp,
                             token_weights=token_weights, conflict_counts=conflict_counts, max_logprob=max_logprob,
-                            sampler_logp=sampler_logp)
+                            sampler_logp=sampler_logp, policy_weights=policy_weights)
     return checked_policy_loss(logp, adv, mask, config, entropy=entropy, old_logp=old_logp, ref_logp=ref_logp,
                                token_weights=token_weights, conflict_counts=conflict_counts, rewards=rewards,
                                group_size=group_size, vocab_size=vocab_size, max_logprob=max_logprob,
-                               sampler_logp=sampler_logp, generator=generator)
+                               sampler_logp=sampler_logp, generator=generator, policy_weights=policy_weights)
 
 
 def checked_policy_loss(logp, adv, mask, config, *, entropy, old_logp, ref_logp, token_weights, conflict_counts,
-                        rewards, group_size, vocab_size, max_logprob, sampler_logp, generator):
+                        rewards, group_size, vocab_size, max_logprob, sampler_logp, generator, policy_weights=None):
     """`policy_loss` on inputs already checked (`check_loss_inputs` and the mask's check: one host sync at most)."""
     x = _sanitize(logp, entropy, mask)
     adv, keep, thr = _shape_advantages(config, x, adv.detach().to(x.m.dtype), rewards, group_size, vocab_size)
@@ -318,7 +327,7 @@ def checked_policy_loss(logp, adv, mask, config, *, entropy, old_logp, ref_logp,
     if config.off_policy_mask_threshold is not None and (sampler_logp is not None or old_logp is not None):
         mu = sampler_logp if sampler_logp is not None else old_logp
         opm = off_policy_sequence_mask(adv, x.lp, mu, x.m, config.off_policy_mask_threshold)
-    w, active = _token_weights(config, x, token_weights, keep if opm is None else keep & opm)
+    w, active = _token_weights(config, x, token_weights, keep if opm is None else keep & opm, policy_weights)
     old = _old_logp(x, old_logp)
     ref = torch.where(x.valid, ref_logp.detach().to(x.lp.dtype), x.zero) if ref_logp is not None else None
     seq_lr = _seq_log_ratio(x, old) if config.importance_level == "sequence" else None
@@ -340,10 +349,18 @@ def checked_policy_loss(logp, adv, mask, config, *, entropy, old_logp, ref_logp,
         per_tok, ratio, flagged = field_term(config, lp_a, on_active(old), a, torch.where(active, x.m, x.zero), active,
                                              x.zero, generator)
         dual = torch.zeros_like(active)
+    kl_term = None
     if ref is not None and config.beta > 0:
-        per_tok = per_tok + config.beta * _k3(config, lp_a, on_active(ref))
+        if opm is None and policy_weights is None and config.top_entropy_quantile is None:
+            per_tok = per_tok + config.beta * _k3(config, lp_a, on_active(ref))
+        else:  # TRL's order: its masks and sampler weights act on the policy term, the KL is added after them
+            w_kl, act_kl = _token_weights(config, x, token_weights, keep, policy_term=False)
+            k3 = _k3(config, torch.where(act_kl, x.lp, x.zero), torch.where(act_kl, ref, x.zero))
+            kl_term = torch.where(act_kl, w_kl * (config.beta * k3), x.zero)
 
     weighted = torch.where(active, w * per_tok, x.zero)
+    if kl_term is not None:
+        weighted = weighted + kl_term
     if config.conflict_count_norm:
         weighted = _conflict_count_norm(x, weighted, token_weights, conflict_counts)
     pg_loss = _aggregate(weighted, x.m, config.loss_agg, config.max_completion_length)

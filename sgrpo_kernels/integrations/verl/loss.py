@@ -93,9 +93,9 @@ def sgrpo_ppo_loss(model_output, data, dp_group=None, *, loss_config: LossConfig
     td = data.select(*fields).to_padded_tensor()
     mask = td["response_mask"].to(torch.bool)
     share = _share(loss_config, mask, data)
-    weights = td["sgrpo_token_weights"].to(log_prob.dtype)
-    if "rollout_is_weights" in td.keys():  # verl's rollout correction: per-token importance weights >= 0
-        weights = weights * td["rollout_is_weights"].to(weights.dtype)
+    # verl's rollout correction: per-token importance weights >= 0, on the policy term alone (as verl's own loss: its
+    # KL loss is not weighted)
+    is_w = td["rollout_is_weights"].to(log_prob.dtype) if "rollout_is_weights" in td.keys() else None
     loss, metrics = policy_loss(
         log_prob,
         _first_valid(td["advantages"], mask),
@@ -104,7 +104,8 @@ def sgrpo_ppo_loss(model_output, data, dp_group=None, *, loss_config: LossConfig
         entropy=entropy,
         old_logp=td["old_log_probs"],
         ref_logp=td["ref_log_prob"] if loss_config.needs_ref else None,
-        token_weights=weights,
+        token_weights=td["sgrpo_token_weights"].to(log_prob.dtype),
+        policy_weights=is_w,
         conflict_counts=_first_valid(td["sgrpo_conflict_counts"], mask),
     )
     loss = loss * share
