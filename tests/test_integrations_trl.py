@@ -164,6 +164,12 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         ({"sgrpo_loss": "beta=nan"}, ["sgrpo_loss", "beta=nan", ">= 0.0"]),  # was "must be a Python number, got str"
         ({"sgrpo_loss": "epsilon_low=NaN"}, ["sgrpo_loss", "epsilon_low=nan", ">= 0.0", "< 1.0"]),
         ({"sgrpo_loss": "epsilon_low=5"}, ["sgrpo_loss", "epsilon_low=5", ">= 0.0", "< 1.0"]),
+        # TRL's own top-entropy mask, silently not applied under a preset
+        ({"top_entropy_quantile": 0.2}, ["top_entropy_quantile=0.2", "preset 's_grpo'", "sgrpo_loss='top_entropy_quantile=0.2'"]),
+        # these said "expected a finite number" (the bounds' probe, 1e300, was refused as beyond float32 first)
+        ({"sgrpo_loss": "entropy_floor=-1"}, ["sgrpo_loss entropy_floor=-1", "a finite number >= 0.0"]),
+        ({"sgrpo_loss": "top_entropy_quantile=1.5"}, ["top_entropy_quantile=1.5", "> 0.0 and <= 1.0"]),
+        ({"sgrpo_loss": "max_completion_length=0"}, ["max_completion_length=0", "None or an int >= 1, got 0"]),
         ({"sgrpo_loss": "entropy_fliter=ln2"}, ["sgrpo_loss", "entropy_fliter", "unknown LossConfig field"]),
         ({"sgrpo_loss": "entropy_filter=adaptive"}, ["entropy_filter='adaptive'"]),
         # it failed at the first step instead (the loss gets no rewards or group size from TRL's micro-batches)
@@ -824,3 +830,15 @@ def test_the_loss_is_over_the_support_and_equals_trls_own(tmp_path, monkeypatch)
     full.model.train()
     full.current_gradient_accumulation_steps = 1
     assert (SGRPOTrainer._compute_loss(full, full.model, dict(inputs)) - losses[1]).abs() > 1e-3
+
+
+@pytest.mark.parametrize("text", ["None", "none"])
+def test_trls_own_loss_from_the_command_line(tmp_path, text):
+    """`--sgrpo_preset None` reached the preset lookup as the text 'None' ("unknown preset 'None'"): TRL's own loss
+    could not be chosen from flags, only from a YAML null."""
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(SGRPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none", "--beta", "0.0", "--sgrpo_preset", text]
+    )
+    assert args.sgrpo_preset is None

@@ -73,7 +73,8 @@ class SGRPOConfig(GRPOConfig):
 
     sgrpo_preset: str | None = field(
         default="s_grpo",
-        metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, cispo, dppo_tv, ...); None: TRL's own loss"},
+        metadata={"help": "sgrpo_kernels.rl preset (s_grpo, gtpo, grpo, cispo, dppo_tv, ...); None (on a command "
+                          "line: None or none): TRL's own loss"},
     )
     sgrpo_loss: str = field(default="", metadata={"help": 'LossConfig overrides on the preset, "field=value,..."'})
     trust_region: float | None = field(
@@ -84,6 +85,8 @@ class SGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.sgrpo_preset, str) and self.sgrpo_preset.strip().lower() == "none":
+            self.sgrpo_preset = None  # `--sgrpo_preset None` on a command line: the parser passes the text
         if self.trust_region is not None:
             try:
                 check_max_norm(self.trust_region, "trust_region")

@@ -57,16 +57,17 @@ def check_trl_is_fields(args) -> None:
 
 def _bounds(base: LossConfig, name: str) -> str | None:
     """What a numeric LossConfig field accepts, in LossConfig's own words ("a finite number >= 0.0 and < 1.0"), found
-    by building it with a huge negative and a huge positive value; None when the field takes no number."""
+    by building it with a large negative and a large positive value (within float32: a value beyond it is refused for
+    that first, which hid the bounds); None when that finds no bound (the caller then quotes LossConfig's refusal)."""
     found = []
-    for probe in (-1e300, 1e300):
+    for probe in (-1e30, 1e30):
         try:
             dataclasses.replace(base, **{name: probe})
         except TypeError:
             return None  # not a number field
         except ValueError as exc:
             found += re.findall(rf"LossConfig\.{re.escape(name)} must be ([<>]=? [^,\s]+), got", str(exc))
-    return "a finite number" + (" " + " and ".join(found) if found else "")
+    return "a finite number " + " and ".join(found) if found else None
 
 
 def _refusal(args, exc: Exception) -> str:
@@ -109,6 +110,7 @@ def loss_config(args) -> LossConfig | None:
         )
     check_ignored_fields(args)
     _check_beta(args, cfg)
+    _check_top_entropy(args, cfg)
     cfg = _with_completion_length(args, cfg)
     thr = args.off_policy_mask_threshold
     if thr is not None:
@@ -133,6 +135,17 @@ def _check_beta(args, cfg: LossConfig) -> None:
         f"SGRPOConfig: beta={args.beta!r} (TRL's KL coefficient) differs from the preset {cfg.name!r}, beta="
         f"{cfg.beta!r}; to use yours, set sgrpo_loss={mine!r} too; for the preset's, set beta={cfg.beta!r} (TRL loads "
         "the reference model and computes its log-probs only when beta != 0)"
+    )
+
+
+def _check_top_entropy(args, cfg: LossConfig) -> None:
+    """TRL's `top_entropy_quantile` (1.0: off) is not read under a preset: refused unless it is the loss's own."""
+    q, mine = getattr(args, "top_entropy_quantile", 1.0), cfg.top_entropy_quantile
+    if q == (1.0 if mine is None else mine):
+        return
+    raise ValueError(
+        f"SGRPOConfig(top_entropy_quantile={q!r}): TRL's own loss reads it, the preset {cfg.name!r} has "
+        f"top_entropy_quantile={mine!r}; to use yours, set sgrpo_loss='top_entropy_quantile={q!r}' too"
     )
 
 
