@@ -145,3 +145,30 @@ def test_the_package_is_torch_free():
     code = "import sys, train.tasks; assert 'torch' not in sys.modules; print(train.tasks.task_names())"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(BUILTIN)
+
+
+@pytest.mark.parametrize("held", [[("2+2", "4")], [], [tasks.Problem("  ", "4")], [tasks.Problem("q", None)]])
+def test_a_malformed_custom_task_is_refused_before_overwrite_deletes_a_run(tmp_path, held):
+    """A custom task whose held-out set is not a list of Problems (tuples, nothing, a blank prompt, no text answer):
+    it was a traceback in the first rollout or evaluation, after --overwrite had deleted the previous run."""
+    from conftest import tiny_cfg
+
+    from train import loop
+    from train.errors import Refused
+
+    out = tmp_path / "run"
+    loop.train(tiny_cfg(out, max_steps=1, kl_every=0))
+    before = sorted(p.name for p in out.iterdir())
+    assert "metrics.jsonl" in before
+
+    class Broken(DigitSumTask):
+        def heldout(self, n, seed):
+            return held
+
+    tasks.register_task("broken", help="a task with a malformed held-out set")(lambda **_: Broken())
+    try:
+        with pytest.raises(Refused, match=r"--task broken: heldout\(\)"):
+            loop.train(tiny_cfg(out, max_steps=1, kl_every=0, task="broken", overwrite=True))
+    finally:
+        tasks.unregister_task("broken")
+    assert sorted(p.name for p in out.iterdir()) == before  # the previous run is untouched

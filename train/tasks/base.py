@@ -139,3 +139,16 @@ class ProceduralTask:
             if len(seen) == n:
                 break
         return list(seen.values())
+
+
+def check_problems(task: str, problems: object) -> None:
+    """TaskRefused unless `problems` (a task's held-out set, drawn before the run folder is touched) is a non-empty
+    list of `Problem`s with a non-empty text prompt and a text answer: a custom task's mistake is refused before
+    --overwrite deletes the previous run, not met as a traceback in the first rollout."""
+    if not isinstance(problems, list) or not problems:
+        raise TaskRefused(f"--task {task}: heldout() returned {problems!r:.80}; expected a non-empty list of "
+                          "train.tasks.Problem")  # fmt: skip
+    for i, p in enumerate(problems):
+        if not (isinstance(p, Problem) and isinstance(p.prompt, str) and p.prompt.strip() and isinstance(p.answer, str)):
+            raise TaskRefused(f"--task {task}: heldout()[{i}] is {p!r:.80}; expected a train.tasks.Problem with a "
+                              "non-empty str prompt and a str answer")  # fmt: skip
