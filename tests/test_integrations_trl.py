@@ -165,7 +165,8 @@ def test_errors_for_what_trl_cannot_serve(tmp_path):
         ({"sgrpo_loss": "epsilon_low=NaN"}, ["sgrpo_loss", "epsilon_low=nan", ">= 0.0", "< 1.0"]),
         ({"sgrpo_loss": "epsilon_low=5"}, ["sgrpo_loss", "epsilon_low=5", ">= 0.0", "< 1.0"]),
         # TRL's own top-entropy mask, silently not applied under a preset
-        ({"top_entropy_quantile": 0.2}, ["top_entropy_quantile=0.2", "preset 's_grpo'", "sgrpo_loss='top_entropy_quantile=0.2'"]),
+        ({"top_entropy_quantile": 0.2},
+         ["top_entropy_quantile=0.2", "preset 's_grpo'", "sgrpo_loss='top_entropy_quantile=0.2'"]),  # fmt: skip
         # these said "expected a finite number" (the bounds' probe, 1e300, was refused as beyond float32 first)
         ({"sgrpo_loss": "entropy_floor=-1"}, ["sgrpo_loss entropy_floor=-1", "a finite number >= 0.0"]),
         ({"sgrpo_loss": "top_entropy_quantile=1.5"}, ["top_entropy_quantile=1.5", "> 0.0 and <= 1.0"]),
