@@ -149,6 +149,7 @@ def check_problems(task: str, problems: object) -> None:
         raise TaskRefused(f"--task {task}: heldout() returned {problems!r:.80}; expected a non-empty list of "
                           "train.tasks.Problem")  # fmt: skip
     for i, p in enumerate(problems):
-        if not (isinstance(p, Problem) and isinstance(p.prompt, str) and p.prompt.strip() and isinstance(p.answer, str)):
+        ok = isinstance(p, Problem) and isinstance(p.prompt, str) and isinstance(p.answer, str)
+        if not (ok and p.prompt.strip()):
             raise TaskRefused(f"--task {task}: heldout()[{i}] is {p!r:.80}; expected a train.tasks.Problem with a "
                               "non-empty str prompt and a str answer")  # fmt: skip
