@@ -72,7 +72,7 @@ def _specs(arch: int, full: bool):
         for i, cfg in enumerate(dw if full or dt == "bf16" else dw[:1]):
             add(f"dw-{dt}-{i}", backward._linear_logprobs_bwd_dw_kernel, mm, dict(HAS_BIAS=True, DOT_PRECISION="ieee"),
                 cfg)
-        lg = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32")
+        lg = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", t_ptr="*i64", inv_temp="fp32", temp="fp32")
         for trunc in (False, True):
             for i, cfg in enumerate(configs.logits_fwd_configs()):
                 add(f"logits-fwd-{dt}-{i}{'-truncate' * trunc}", logits._logprobs_from_logits_fwd_kernel, lg,
