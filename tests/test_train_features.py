@@ -5,6 +5,7 @@ saved and restored by the checkpoint with nothing in the checkpoint code knowing
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -103,3 +104,45 @@ def test_builtin_features_are_built_only_when_on(tmp_path):
     sampling = SimpleNamespace(support=dict)  # the sampler's support: none
     names = [f.name for f in build_features(on, SimpleNamespace(**vars(run), tok=None, task=None, sampling=sampling))]
     assert names == ["ppo_epochs", "trust_region", "grad_penalty", "step_guard", "collapse"]
+
+
+class _Bad(RolloutCounter):
+    name = "bad"
+    fields: dict = {}
+    state: dict = {}
+
+    def record(self, record):
+        return self.fields
+
+    def state_dict(self):
+        return self.state
+
+
+@pytest.mark.parametrize(
+    ("fields", "state", "words"),
+    [
+        # these replaced the trainer's numbers in metrics.jsonl without a word (step 999 at every step)
+        ({"step": 999, "loss": 0.0}, {}, ["feature 'bad'", "record() returned ['loss', 'step']", "'bad_loss'"]),
+        ({"reward_mean": 5.0}, {}, ["['reward_mean']", "already has"]),
+        (None, {}, ["feature 'bad'", "record() returned NoneType", "expected a dict"]),
+        # these wrote a checkpoint that --resume then refused, with torch's text cut short and no feature named
+        ({}, {"rng": random.Random(0)}, ["feature 'bad'", "state_dict()", "random.Random", "rng.getstate()"]),
+        ({}, {"obj": _Bad()}, ["feature 'bad'", "state_dict()", "_Bad"]),
+    ],
+)
+def test_a_features_bad_record_or_state_is_refused_naming_it(tmp_path, fields, state, words):
+    from train.errors import TrainError
+
+    def factory(cfg, run):
+        bad = _Bad()
+        bad.fields, bad.state = fields, state
+        return bad
+
+    register_feature(factory)
+    try:
+        with pytest.raises(TrainError) as caught:
+            loop.train(tiny_cfg(tmp_path / "run", max_steps=2, kl_every=0, eval_k=0), LOSS)
+    finally:
+        unregister_feature(factory)
+    for w in words:
+        assert w in str(caught.value), (w, str(caught.value))

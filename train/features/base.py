@@ -20,10 +20,14 @@ generator, a history) it returns from `state_dict`; the checkpoint saves that fo
 
 from __future__ import annotations
 
+import io
+import re
 from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
+
+from ..errors import TrainError
 
 
 class Feature:
@@ -137,12 +141,28 @@ class Features:
         return any(f.wants_old_logp for f in self.items)
 
     def record(self, record: dict) -> dict:
+        """The record with each feature's fields added; a field the record already has (the trainer's, an earlier
+        feature's) is refused: it would replace that number in metrics.jsonl without a word."""
         for f in self.items:
-            record = record | f.record(record)
+            fields = f.record(record)
+            if not isinstance(fields, dict):
+                raise TrainError(f"feature {f.name!r}: record() returned {type(fields).__name__}; expected a dict of "
+                                 "the fields it adds to the step's record")  # fmt: skip
+            clash = sorted(set(fields) & set(record))
+            if clash:
+                raise TrainError(f"feature {f.name!r}: record() returned {clash}, fields the step's record already has "
+                                 f"(the trainer's or an earlier feature's); give its own fields other names, e.g. "
+                                 f"{f.name + '_' + str(clash[0])!r}")  # fmt: skip
+            record = record | fields
         return record
 
     def state_dict(self) -> dict:
+        """Each feature's state, checked to load back as --resume loads it (torch.load, weights_only): a state that
+        cannot (a random.Random, any object) made a checkpoint that no resume could read."""
         states = {f.name: f.state_dict() for f in self.items}
+        for name, state in states.items():
+            if state:
+                _check_loadable(name, state)
         return {name: state for name, state in states.items() if state}
 
     def load_state_dict(self, states: dict) -> None:
@@ -153,6 +173,22 @@ class Features:
         for f in self.items:
             if f.name in states:
                 f.load_state_dict(states[f.name])
+
+
+def _check_loadable(name: str, state: object) -> None:
+    buf = io.BytesIO()
+    try:
+        torch.save(state, buf)
+        buf.seek(0)
+        torch.load(buf, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 -- pickling or the weights-only unpickler refusing a type
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))  # (torch's text: how to trust a file)
+        why = f"it holds a {found.group(1)}" if found else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        raise TrainError(
+            f"feature {name!r}: state_dict() returned {state!r:.100}, which a checkpoint cannot hold for --resume "
+            "(read with torch.load(weights_only=True): tensors, numbers, strings, lists, tuples and dicts only; e.g. "
+            f"a random.Random as rng.getstate()): {why}"
+        ) from None
 
 
 def global_norm(tensors: Iterable[Tensor]) -> float:
