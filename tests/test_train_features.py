@@ -85,8 +85,25 @@ def test_registration_is_checked(counter):
 
 
 def test_a_checkpoint_state_for_a_missing_feature_is_refused():
-    with pytest.raises(ValueError, match="rollout_counter"):
+    from train.errors import Refused  # exit 2, a resume whose configuration differs (it was exit 1)
+
+    with pytest.raises(Refused, match=r"holds the state of feature\(s\) \['rollout_counter'\]"):
         Features([]).load_state_dict({"rollout_counter": {"seen": 3}})
+
+
+def test_a_feature_added_on_resume_is_refused(tmp_path):
+    """It was accepted and started from scratch mid-run: completions_seen 32 at step 3 where 96 were seen."""
+    from train.errors import Refused
+
+    cfg = dict(prompts_per_step=2, group_size=4, kl_every=0, eval_k=0)
+    loop.train(tiny_cfg(tmp_path / "b", max_steps=2, **cfg), LOSS)
+    register_feature(counter_from_run)
+    try:
+        with pytest.raises(Refused, match=r"this run has feature\(s\) \['rollout_counter'\], which the resumed run"):
+            loop.train(tiny_cfg(tmp_path / "b", max_steps=3, resume=True, **cfg), LOSS)
+    finally:
+        unregister_feature(counter_from_run)
+    assert len(steps(tmp_path / "b")) == 2  # nothing run, nothing written
 
 
 def test_builtin_features_are_built_only_when_on(tmp_path):

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from ..errors import TrainError
+from ..errors import Refused, TrainError
 
 
 class Feature:
@@ -166,10 +166,18 @@ class Features:
         return {name: state for name, state in states.items() if state}
 
     def load_state_dict(self, states: dict) -> None:
-        """Each feature's saved state; a state saved for a feature this run does not have is refused (ValueError)."""
+        """Each feature's saved state. Refused (exit 2) when the features differ from the resumed run's: a state saved
+        for a feature this run does not have, or a feature with a state that the checkpoint does not hold (added
+        since: it would start from scratch mid-run, its counts wrong)."""
         unknown = sorted(set(states) - {f.name for f in self.items})
         if unknown:
-            raise ValueError(f"the checkpoint holds the state of feature(s) {unknown}, which this run does not have")
+            raise Refused(f"--resume: the checkpoint holds the state of feature(s) {unknown}, which this run does not "
+                          "have; register them as the resumed run did")  # fmt: skip
+        added = sorted(f.name for f in self.items if f.name not in states and f.state_dict())
+        if added:
+            raise Refused(f"--resume: this run has feature(s) {added}, which the resumed run did not have (its "
+                          "checkpoint holds no state of them); a resume continues the same run: start a new run "
+                          "(another --output-dir) to add them")  # fmt: skip
         for f in self.items:
             if f.name in states:
                 f.load_state_dict(states[f.name])

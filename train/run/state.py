@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import Refused
 from ..run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
 from ..run.metrics import MetricsLog
 from ..run.rng import restore_rng, rng_snapshot
@@ -63,6 +64,8 @@ def resume(run, ckpt: dict) -> tuple[LoopState, int]:
     features = ckpt["features"][run.dist.rank]
     try:
         run.features.load_state_dict(features)
+    except Refused:  # the features differ from the resumed run's
+        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{file}: could not restore the features' state: {exc}") from exc
     if run.engine is not None:
