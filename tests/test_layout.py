@@ -195,13 +195,17 @@ def test_trainer_public_face_is_lazy():
 
     import train
     from train.config import TrainConfig
-    from train.features import Feature, register_feature
+    from train.__main__ import main
+    from train.features import Feature, register_feature, unregister_feature
     from train.loop import train as run_training
-    from train.tasks import register_task
+    from train.tasks import register_task, unregister_task
 
     assert train.TrainConfig is TrainConfig and train.train is run_training and train.Feature is Feature
     assert train.register_feature is register_feature and train.register_task is register_task
-    assert set(train.__all__) == {"TrainConfig", "train", "Feature", "register_feature", "register_task"}
+    assert train.unregister_feature is unregister_feature and train.unregister_task is unregister_task
+    assert train.main is main
+    assert set(train.__all__) == {"TrainConfig", "train", "main", "Feature", "register_feature", "register_task",
+                                  "unregister_feature", "unregister_task"}  # fmt: skip
     with pytest.raises(AttributeError):
         train.no_such_name  # noqa: B018
 

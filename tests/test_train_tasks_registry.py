@@ -172,3 +172,32 @@ def test_a_malformed_custom_task_is_refused_before_overwrite_deletes_a_run(tmp_p
     finally:
         tasks.unregister_task("broken")
     assert sorted(p.name for p in out.iterdir()) == before  # the previous run is untouched
+
+
+def test_a_launcher_reaches_a_registered_task_from_the_command_line(tmp_path):
+    """`python -m train --task NAME` cannot see a task registered in the user's module (it is refused with the
+    built-in names); a launcher that imports the module, then calls `train.main()`, runs it, `--resume` included."""
+    plugin = tmp_path / "my_plugins.py"
+    plugin.write_text(
+        "import random\nfrom train import register_task\nfrom train.tasks import Problem\n\n"
+        "class Vowels:\n    system_prompt = None\n"
+        "    def sample(self, n, rng):\n        return [Problem(f'Count the vowels of word {rng.randint(0, 99)}', '1')"
+        " for _ in range(n)]\n"
+        "    def heldout(self, n, seed):\n        return self.sample(n, random.Random(seed))\n\n"
+        "register_task('vowels', help='toy: vowels')(lambda **_: Vowels())\n"
+    )
+    launcher = tmp_path / "my_train.py"
+    launcher.write_text("import my_plugins\nimport train\n\nraise SystemExit(train.main())\n")
+    from conftest import tiny_argv
+
+    argv = tiny_argv(str(tmp_path / "run"), "--task", "vowels", "--max-steps", "1", "--kl-every", "0")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{ROOT}{__import__('os').pathsep}{tmp_path}"}
+    plain = subprocess.run([sys.executable, "-m", "train", *argv], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert plain.returncode == 2 and "vowels" in plain.stderr
+    run = subprocess.run([sys.executable, str(launcher), *argv], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+    more = [a if a != "1" or argv[i - 1] != "--max-steps" else "2" for i, a in enumerate(argv)]
+    again = subprocess.run([sys.executable, str(launcher), *more, "--resume"], capture_output=True, text=True,
+                           env=env, cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]

@@ -5,8 +5,9 @@
 
 `train(cfg, loss_overrides=None, model_and_tokenizer=None) -> dict` runs training (the summary it also writes);
 `TrainConfig` is every flag as a field; `Feature` and `register_feature(factory)` add a plug-in to the step;
-`register_task(name, help=...)` adds a task. The names load on first use: `import train` (and `--help`) stay
-torch-free."""
+`register_task(name, help=...)` adds a task (`unregister_*` take them back); `main(argv=None) -> int` is the command
+line itself, for a launcher that imports its plug-ins first. The names load on first use: `import train` (and
+`--help`) stay torch-free."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ _PUBLIC = {
     "Feature": "train.features",
     "register_feature": "train.features",
     "register_task": "train.tasks",
+    "unregister_feature": "train.features",
+    "unregister_task": "train.tasks",
+    "main": "train.__main__",
 }
 __all__ = sorted(_PUBLIC)
 
