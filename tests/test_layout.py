@@ -194,8 +194,8 @@ def test_trainer_public_face_is_lazy():
     assert {m for m in mods if m.startswith("train.")} == set()
 
     import train
-    from train.config import TrainConfig
     from train.__main__ import main
+    from train.config import TrainConfig
     from train.features import Feature, register_feature, unregister_feature
     from train.loop import train as run_training
     from train.tasks import register_task, unregister_task
