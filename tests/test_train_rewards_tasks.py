@@ -163,3 +163,17 @@ def test_prompt_template_fields_are_checked(template):
     with pytest.raises(ValueError, match="prompt_template"):
         ArithmeticTask("1", prompt_template=template)
     assert check_template("Q: {question} = ?") == "Q: {question} = ?"
+
+
+def test_a_bad_reward_from_python_is_refused_before_the_model_loads(tmp_path):
+    """`--reward nomod:fn` is refused when the flag is parsed; `train(TrainConfig(reward="nomod:fn"))` loaded the
+    model first and left an empty output folder behind."""
+    from conftest import tiny_cfg
+
+    from train import loop
+    from train.errors import Refused
+
+    out = tmp_path / "run"
+    with pytest.raises(Refused, match="--reward: .*nomod"):
+        loop.train(tiny_cfg(out, reward="nomod:fn"))
+    assert not out.exists()  # (it was made, empty, by the setup that loaded the model)

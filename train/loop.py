@@ -28,6 +28,7 @@ from .evaluate import HELDOUT_FILE, compare_heldout, heldout_eval, write_heldout
 from .model import mixed_precision, resolve_device
 from .probe import kl_from_init
 from .record import reset_train_peak
+from .rewards import RewardError, RewardFunctions
 from .run.checkpoint import STATE_FILE, export_finished, read_checkpoint
 from .run.dashboards import dashboard_backend
 from .run.files import expand_output_dir, output_path
@@ -267,6 +268,11 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
     loss_cfg = cfg.loss_config(loss_overrides)  # the one LossConfig of the run
     if cfg.report_to != "none":
         dashboard_backend(cfg.report_to)  # a dashboard that cannot be imported is refused before anything is written
+    if cfg.reward:  # imported and their signatures checked as the flag's are: before the output folder or the model
+        try:
+            RewardFunctions(cfg.reward)
+        except RewardError as exc:
+            raise Refused(f"--reward: {exc}") from None
     with contextlib.ExitStack() as held, STOP:  # (rank 0 holds the run's lock in `held`)
         STOP.collective = ctx.enabled
         ckpt, opened = open_checkpoint(cfg, loss_cfg, ctx, held)
