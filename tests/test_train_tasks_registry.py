@@ -201,3 +201,42 @@ def test_a_launcher_reaches_a_registered_task_from_the_command_line(tmp_path):
     again = subprocess.run([sys.executable, str(launcher), *more, "--resume"], capture_output=True, text=True,
                            env=env, cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_a_custom_task_grades_its_own_answers_through_row_answer(tmp_path):
+    """design.md's route for answers that are not numbers: a RowAnswer with a grader decides correctness for the
+    reward, the step's accuracy and the held-out evaluation (correctness_reward alone gives 'yes' vs 'yes' 0.0)."""
+    import json
+
+    from conftest import tiny_cfg
+
+    from train import loop
+    from train.rewards import RowAnswer, correctness_reward
+
+    assert correctness_reward("The answer is yes", "yes") == 0.0
+    calls = []
+
+    def grader(completions, prompts, fields):
+        calls.append(fields[0])
+        return [1.0] * len(completions)  # every completion right (the tiny model's text is noise)
+
+    class Yes(DigitSumTask):
+        def _draw(self, rng):
+            return tasks.Problem(f"Say yes {rng.randint(0, 9)}", RowAnswer("yes", {"id": 7}, "p", grader=grader))
+
+        def sample(self, n, rng):
+            return [self._draw(rng) for _ in range(n)]
+
+        def heldout(self, n, seed):
+            return self.sample(n, random.Random(seed))
+
+    tasks.register_task("yes", help="toy: answers graded by a function")(lambda **_: Yes())
+    try:
+        loop.train(tiny_cfg(tmp_path / "run", task="yes", max_steps=1, kl_every=0, eval_k=0))
+    finally:
+        tasks.unregister_task("yes")
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in records if r.get("step") == 1 and "event" not in r)
+    evals = [r for r in records if r.get("event") == "eval"]
+    assert step["accuracy"] == 1.0 and step["reward_mean"] == 1.0 and evals and all(r["eval_acc"] == 1.0 for r in evals)
+    assert calls and all(f == {"id": 7} for f in calls)
