@@ -526,3 +526,13 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_is_written(tmp_p
     with pytest.raises(Refused, match=rf"--device {device}: this machine has .*use --device cpu or auto"):
         train(TrainConfig(model="tiny", device=device, max_steps=1, output_dir=str(out), progress=False))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["yes", "true", 1])
+def test_a_bool_field_given_text_in_python_says_what_python_takes(value):
+    """TrainConfig(lora='yes') was refused with 'expected true/false, 1/0, yes/no or on/off', the very form refused."""
+    from train.config import TrainConfig
+    from train.config.fields import ConfigError
+
+    with pytest.raises(ConfigError, match=r"lora=.*expected True or False \(a bool; the command line"):
+        TrainConfig(model="tiny", lora=value)

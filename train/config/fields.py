@@ -143,6 +143,9 @@ def check_field(name: str, value, cls: type) -> None:
     expected = f"expected {spec.expected()}" + (" (finite)" if spec.kind is float else "")
     prefix = f"{name}={value!r}: "
     if not ok_type:
+        if spec.kind is bool:  # (a Python value: the text forms are the command line's and a config file's)
+            expected = "expected True or False (a bool; the command line and a config file also take true/false, "
+            expected += "1/0, yes/no, on/off)"
         raise ConfigError(name, prefix + expected, expected)
     if spec.kind is float and value is not None and not math.isfinite(value):  # with or without a declared range
         raise ConfigError(name, prefix + expected, expected)
