@@ -163,3 +163,43 @@ def test_a_features_bad_record_or_state_is_refused_naming_it(tmp_path, fields, s
         unregister_feature(factory)
     for w in words:
         assert w in str(caught.value), (w, str(caught.value))
+
+
+def test_register_feature_refuses_a_class_or_a_name():
+    """Both were accepted and failed in the run's setup, after the model load."""
+    for bad, words in ((RolloutCounter, "the class RolloutCounter"), ("counter", "'counter'")):
+        with pytest.raises(TypeError, match=f"register_feature takes a factory.*{words}"):
+            register_feature(bad)
+    assert RolloutCounter not in FACTORIES
+
+
+def test_a_duplicate_feature_name_names_the_classes():
+    class Other(Feature):
+        pass
+
+    class Another(Feature):
+        pass
+
+    with pytest.raises(ValueError, match=r"\['feature'\] named by \['.*Other', '.*Another'\]"):
+        Features([Other(), RolloutCounter(), Another()])
+
+
+def test_an_exception_in_a_features_hook_names_the_feature(tmp_path):
+    """It was a bare traceback from inside the step, naming no feature."""
+
+    class Raising(RolloutCounter):
+        name = "raising"
+
+        def rescore(self, batch, problems):
+            raise RuntimeError("boom")
+
+    def factory(cfg, run):
+        return Raising()
+
+    register_feature(factory)
+    try:
+        with pytest.raises(RuntimeError, match="boom") as caught:
+            loop.train(tiny_cfg(tmp_path / "run", max_steps=1, kl_every=0, eval_k=0), LOSS)
+    finally:
+        unregister_feature(factory)
+    assert any("the feature 'raising'" in n and "Raising.rescore" in n for n in caught.value.__notes__)

@@ -45,6 +45,10 @@ FACTORIES: list[Factory] = [
 def register_feature(factory: Factory, *, before: Factory | None = None) -> Factory:
     """Add a feature's factory, last or just before `before` (a registered factory). Returns the factory, so it can
     be used as a decorator."""
+    if isinstance(factory, type) or not callable(factory):  # (a class or a name failed later, in the run's setup)
+        what = f"the class {factory.__qualname__}" if isinstance(factory, type) else f"{factory!r}"
+        raise TypeError(f"register_feature takes a factory from_run(cfg, run) -> Feature | None, got {what}; e.g. "
+                        "register_feature(lambda cfg, run: MyFeature())")  # fmt: skip
     if factory in FACTORIES:
         raise ValueError(f"feature factory {factory.__qualname__} is already registered")
     FACTORIES.insert(FACTORIES.index(before) if before is not None else len(FACTORIES), factory)

@@ -20,6 +20,7 @@ generator, a history) it returns from `state_dict`; the checkpoint saves that fo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from collections.abc import Callable, Iterable
@@ -83,8 +84,11 @@ class Features:
 
     def __init__(self, features: list[Feature]):
         names = [f.name for f in features]
-        if len(set(names)) != len(names):
-            raise ValueError(f"feature names must be unique: {names}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            classes = [type(f).__qualname__ for f in features if f.name in twice]
+            raise ValueError(f"feature names must be unique: {twice} named by {classes} (set each class's `name`; "
+                             "it keys the feature's state in a checkpoint)")  # fmt: skip
         self.items = list(features)
 
     def __iter__(self):
@@ -96,35 +100,42 @@ class Features:
 
     def rescore(self, batch, problems: list):
         for f in self.items:
-            batch = f.rescore(batch, problems)
+            with _named(f, "rescore"):
+                batch = f.rescore(batch, problems)
         return batch
 
     def after_rollout(self, batch, roll: Callable):
         for f in self.items:
-            batch = f.after_rollout(batch, roll)
+            with _named(f, "after_rollout"):
+                batch = f.after_rollout(batch, roll)
         return batch
 
     def before_update(self) -> None:
         for f in self.items:
-            f.before_update()
+            with _named(f, "before_update"):
+                f.before_update()
 
     def loss_inputs(self, batch, check_targets) -> dict:
         out: dict = {}
         for f in self.items:
-            out |= f.loss_inputs(batch, check_targets)
+            with _named(f, "loss_inputs"):
+                out |= f.loss_inputs(batch, check_targets)
         return out
 
     def after_backward(self, backward_at: Callable[[], None]) -> None:
         for f in self.items:
-            f.after_backward(backward_at)
+            with _named(f, "after_backward"):
+                f.after_backward(backward_at)
 
     def before_optimizer_step(self) -> None:
         for f in self.items:
-            f.before_optimizer_step()
+            with _named(f, "before_optimizer_step"):
+                f.before_optimizer_step()
 
     def after_optimizer_step(self, which: str) -> str | None:
         for f in self.items:
-            undone = f.after_optimizer_step(which)
+            with _named(f, "after_optimizer_step"):
+                undone = f.after_optimizer_step(which)
             if undone is not None:
                 return undone
         return None
@@ -134,7 +145,8 @@ class Features:
 
     def after_update(self, batch, update) -> None:
         for f in self.items:
-            f.after_update(batch, update)
+            with _named(f, "after_update"):
+                f.after_update(batch, update)
 
     @property
     def wants_old_logp(self) -> bool:
@@ -144,7 +156,8 @@ class Features:
         """The record with each feature's fields added; a field the record already has (the trainer's, an earlier
         feature's) is refused: it would replace that number in metrics.jsonl without a word."""
         for f in self.items:
-            fields = f.record(record)
+            with _named(f, "record"):
+                fields = f.record(record)
             if not isinstance(fields, dict):
                 raise TrainError(f"feature {f.name!r}: record() returned {type(fields).__name__}; expected a dict of "
                                  "the fields it adds to the step's record")  # fmt: skip
@@ -181,6 +194,16 @@ class Features:
         for f in self.items:
             if f.name in states:
                 f.load_state_dict(states[f.name])
+
+
+@contextlib.contextmanager
+def _named(feature: Feature, hook: str):
+    """An exception from a feature's hook carries a note naming the feature (shown under its traceback)."""
+    try:
+        yield
+    except Exception as exc:
+        exc.add_note(f"(raised in the feature {feature.name!r}: {type(feature).__qualname__}.{hook})")
+        raise
 
 
 def _check_loadable(name: str, state: object) -> None:
