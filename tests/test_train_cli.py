@@ -536,3 +536,28 @@ def test_a_bool_field_given_text_in_python_says_what_python_takes(value):
 
     with pytest.raises(ConfigError, match=r"lora=.*expected True or False \(a bool; the command line"):
         TrainConfig(model="tiny", lora=value)
+
+
+def test_config_file_messages_name_the_file_not_a_flag(tmp_path, capsys):
+    """A config file's bad reward said 'argument --reward:' (no such flag was typed); an empty file was taken without
+    a word; --resume alone reads the run's config.json but its refusals said '--config PATH'."""
+    from train.config.cli import parse_args
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("reward: nomod:fn\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--config", str(bad)])
+    assert f"argument reward (--config {bad}): reward 'nomod:fn'" in capsys.readouterr().err
+
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    parse_args(["--model", "tiny", "--config", str(empty)], warn=True)
+    assert f"warning: --config {empty} sets nothing" in capsys.readouterr().err
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"train": {"task": "vowels"}}')
+    with pytest.raises(SystemExit):
+        parse_args(["--output-dir", str(run), "--resume"])
+    err = capsys.readouterr().err
+    assert f"--resume: the run's {run / 'config.json'}" in err and "--config" not in err.split("error:", 1)[1]

@@ -208,15 +208,16 @@ def _config_file(parser: argparse.ArgumentParser, path: str | None, typed: dict)
     resume needs no flag typed again; flags that are typed again are checked against the checkpoint as always)."""
     from .file import ConfigFileError, read_config_file
 
-    if path is None and typed.get("resume"):
+    implicit = path is None and typed.get("resume")
+    if implicit:
         own = Path(typed.get("output_dir", TrainConfig.output_dir)).expanduser() / "config.json"  # (as train() does)
         path = str(own) if own.is_file() else None
     if path is None:
         return None
     try:
         return read_config_file(path)
-    except ConfigFileError as exc:
-        parser.error(str(exc))
+    except ConfigFileError as exc:  # (with --resume alone the file is the run's own, not one the user named)
+        parser.error(str(exc).replace(f"--config {path}", f"--resume: the run's {path}", 1) if implicit else str(exc))
 
 
 def _given(typed: dict, file) -> dict[str, str]:
@@ -263,7 +264,8 @@ def parse_args(argv: list[str] | None = None, *, warn: bool = False) -> tuple[Tr
         try:
             RewardFunctions(cfg.reward)
         except RewardError as exc:
-            parser.error(f"argument --reward: {exc}")
+            where = "--reward" if "reward" in typed or file is None else f"reward (--config {file.path})"
+            parser.error(f"argument {where}: {exc}")
     try:
         cfg.loss_config(overrides)  # the --loss.FIELD values, with the RL layer's messages
     except (TypeError, ValueError) as exc:
@@ -274,4 +276,7 @@ def parse_args(argv: list[str] | None = None, *, warn: bool = False) -> tuple[Tr
         parser.error(f"argument {'/'.join(f'--loss.{k}' for k in named)}: {exc}")
     for line in inert_warnings(cfg, _given(typed, file), base) if warn else ():
         print(line, file=sys.stderr)
+    if warn and file is not None and not (file.values or file.loss_overrides or file.run_preset):
+        print(f"warning: --config {file.path} sets nothing (empty, or comments only): every value is a flag's or "
+              "the default", file=sys.stderr)  # fmt: skip
     return cfg, overrides
