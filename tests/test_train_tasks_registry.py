@@ -240,3 +240,25 @@ def test_a_custom_task_grades_its_own_answers_through_row_answer(tmp_path):
     evals = [r for r in records if r.get("event") == "eval"]
     assert step["accuracy"] == 1.0 and step["reward_mean"] == 1.0 and evals and all(r["eval_acc"] == 1.0 for r in evals)
     assert calls and all(f == {"id": 7} for f in calls)
+
+
+@pytest.mark.parametrize(
+    ("factory", "words"),
+    [
+        (lambda prompt_template: DigitSumTask(), ["does not take the task options", "declare **_"]),  # no **_
+        (lambda **_: None, ["returned None", "expected a task"]),
+    ],
+)
+def test_a_broken_task_factory_is_refused_naming_the_task(factory, words):
+    """A factory without **_ was a raw TypeError ('difficulty'); one returning None failed later, unnamed."""
+    from train.errors import Refused
+
+    tasks.register_task("broken", help="a broken factory")(factory)
+    try:
+        with pytest.raises(Refused) as caught:
+            tasks.make_task("broken")
+    finally:
+        tasks.unregister_task("broken")
+    assert "--task broken: its factory" in str(caught.value)
+    for w in words:
+        assert w in str(caught.value)

@@ -8,10 +8,13 @@ names and help texts from it.
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from ..errors import Refused
 
 if TYPE_CHECKING:
     from ..tasks.base import Problem
@@ -114,4 +117,20 @@ def make_task(name: str, **options) -> Task:
     unknown = sorted(set(options) - set(TASK_OPTIONS))
     if unknown:
         raise TypeError(f"make_task() got unexpected option(s) {unknown}; expected some of {list(TASK_OPTIONS)}")
-    return get_task_spec(name).factory(**{**TASK_OPTIONS, **options})
+    factory, given = get_task_spec(name).factory, {**TASK_OPTIONS, **options}
+    where = f"--task {name}: its factory {getattr(factory, '__qualname__', repr(factory))}"
+    try:
+        inspect.signature(factory).bind(**given)
+    except TypeError as exc:  # (a raw TypeError from inside the setup before)
+        raise Refused(f"{where} does not take the task options ({', '.join(given)}): {exc}; declare **_ for the ones "
+                      "it does not use") from None  # fmt: skip
+    except ValueError:  # no signature to read (a builtin): called as it is
+        pass
+    try:
+        task = factory(**given)
+    except Exception as exc:
+        exc.add_note(f"(raised by {where})")
+        raise
+    if not (callable(getattr(task, "sample", None)) and callable(getattr(task, "heldout", None))):
+        raise Refused(f"{where} returned {task!r:.80}; expected a task (sample(n, rng) and heldout(n, seed))")
+    return task
