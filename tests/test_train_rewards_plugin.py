@@ -45,6 +45,10 @@ def nan_reward(completions, **kwargs):
 def too_few(completions, **kwargs):
     return [0.0]
 
+def two_d(completions, **kwargs):
+    import torch
+    return torch.zeros(len(completions), 1)
+
 def needs_missing_field(completions, label, **kwargs):
     return [0.0] * len(completions)
 
@@ -150,6 +154,7 @@ def test_rows_with_an_answer_keep_it_as_ground_truth(tmp_path):
         ("user_rewards", ["'user_rewards'", "expected module:function[=weight]"]),
         ("user_rewards:brevity=heavy", ["weight 'heavy'", "finite number"]),
         ("user_rewards:brevity,user_rewards:brevity=2", ["named twice"]),
+        ("user_rewards.py:brevity", ["a module name, not a file: user_rewards:brevity"]),  # (no hint before)
     ],
 )
 def test_bad_reference_refused_at_parse_time(user, capsys, ref, words):
@@ -166,7 +171,9 @@ def test_bad_reference_refused_at_parse_time(user, capsys, ref, words):
     "ref, words",
     [
         ("user_rewards:nan_reward", ["'user_rewards:nan_reward'", "nan", "expected a finite float"]),
-        ("user_rewards:too_few", ["'user_rewards:too_few'", "returned 1 values", "expected a list of"]),
+        # "returned 1 values"; a 2-D tensor was "a Tensor; expected a list" although 1-D ones are accepted
+        ("user_rewards:too_few", ["'user_rewards:too_few'", "returned 1 value;", "expected a list (or a 1-D array"]),
+        ("user_rewards:two_d", ["returned a Tensor of shape (", ", 1)", "or a 1-D array or tensor)"]),
         ("user_rewards:needs_missing_field", ["'user_rewards:needs_missing_field'", "label"]),
     ],
 )

@@ -309,8 +309,10 @@ def load_reward_function(name: str):
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        hint = f" (a module name, not a file: {module_name.removesuffix('.py')}:{function})" if module_name.endswith(
+            ".py") else ""  # fmt: skip
         raise RewardError(f"reward {name!r}: cannot import module {module_name!r} ({exc}); it must be importable "
-                          "from the current directory or the Python path") from None  # fmt: skip
+                          f"from the current directory or the Python path{hint}") from None  # fmt: skip
     except (Exception, SystemExit) as exc:  # noqa: BLE001 -- the user's module failed (or exited) while importing
         raise RewardError(f"reward {name!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, function, None)
@@ -382,8 +384,14 @@ class RewardFunctions:
             if hasattr(values, "tolist") and getattr(values, "ndim", None) == 1:  # a NumPy array, a torch tensor
                 values = values.tolist()
             if not isinstance(values, (list, tuple)) or len(values) != len(completions):
-                got = f"{len(values)} values" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
-                raise RewardError(f"reward {name!r}: returned {got}; expected a list of {len(completions)} floats")
+                if isinstance(values, (list, tuple)):
+                    got = f"{len(values)} value{'s' * (len(values) != 1)}"
+                elif hasattr(values, "ndim"):  # an array or tensor of another shape
+                    got = f"a {type(values).__name__} of shape {tuple(getattr(values, 'shape', ()))}"
+                else:
+                    got = f"a {type(values).__name__}"
+                raise RewardError(f"reward {name!r}: returned {got}; expected a list (or a 1-D array or tensor) of "
+                                  f"{len(completions)} floats")  # fmt: skip
             for i, v in enumerate(values):
                 if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):  # NumPy's too
                     raise RewardError(
