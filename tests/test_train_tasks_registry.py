@@ -262,3 +262,19 @@ def test_a_broken_task_factory_is_refused_naming_the_task(factory, words):
     assert "--task broken: its factory" in str(caught.value)
     for w in words:
         assert w in str(caught.value)
+
+
+def test_a_task_whose_split_cannot_be_drawn_is_refused_not_a_runtime_error():
+    """design.md's toy task does not call check_split: one with a single distinct problem raised a bare RuntimeError
+    (exit 1) from the draw."""
+    from train.tasks.base import TaskRefused
+
+    class One(DigitSumTask):
+        def _generate(self, rng):
+            return "111", 3
+
+    task = One()
+    side = "training" if tasks._is_heldout("111", task.heldout_frac) else "held-out"
+    draw = task.sample if side == "training" else (lambda n, rng: task.heldout(n, 0))
+    with pytest.raises(TaskRefused, match=f"One: no {side} problem in 10,000 draws.*--heldout-frac"):
+        draw(1, random.Random(0))

@@ -123,7 +123,10 @@ class ProceduralTask:
             question, answer = self._generate(rng)
             if _is_heldout(question, self.heldout_frac) == heldout:
                 return Problem(self.template.format(question=question), str(answer), question)
-        raise RuntimeError("could not draw a problem from the requested split; change heldout_frac")
+        side = "held-out" if heldout else "training"
+        raise TaskRefused(f"{type(self).__name__}: no {side} problem in {DRAW_TRIES:,} draws: the task has too few "
+                          "distinct problems for its hash split, or all land on one side; change --heldout-frac "
+                          "(a task's __init__ can refuse this when built: self.check_split(...))")  # fmt: skip
 
     def sample(self, n: int, rng: random.Random) -> list[Problem]:
         """n training problems (never from the held-out split)."""
