@@ -278,3 +278,23 @@ def test_a_task_whose_split_cannot_be_drawn_is_refused_not_a_runtime_error():
     draw = task.sample if side == "training" else (lambda n, rng: task.heldout(n, 0))
     with pytest.raises(TaskRefused, match=f"One: no {side} problem in 10,000 draws.*--heldout-frac"):
         draw(1, random.Random(0))
+
+
+@pytest.mark.parametrize("extra", [-1, 3])
+def test_a_custom_tasks_draw_of_the_wrong_size_is_refused(tmp_path, extra):
+    """sample(n) returning n - 1 or n + 3 problems trained with 24 or 56 completions instead of 32, without a word."""
+    from conftest import tiny_cfg
+
+    from train import loop
+    from train.errors import Refused
+
+    class Off(DigitSumTask):
+        def sample(self, n, rng):
+            return super().sample(n + extra, rng)
+
+    tasks.register_task("off", help="draws the wrong number of problems")(lambda **_: Off())
+    try:
+        with pytest.raises(Refused, match=r"task Off: sample\(\d+, rng\) returned \d+ problems?; expected \d+"):
+            loop.train(tiny_cfg(tmp_path / "run", task="off", max_steps=1, kl_every=0))
+    finally:
+        tasks.unregister_task("off")

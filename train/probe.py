@@ -17,6 +17,7 @@ from .rollout import Batch, Sampling, concat_batches, rollout
 from .run.checkpoint import load_probe, save_probe
 from .run.progress import progress_bar
 from .run.rng import fork_rng
+from .tasks.base import sample_checked
 
 PROBE_CHUNK = 4  # probe prompts per rollout call (the bar's unit)
 
@@ -36,7 +37,7 @@ def kl_probe(cfg, model, tok, task, system_prompt: str | None, path: Path, devic
         )
         check_target_values(completion_targets(batch), head_weight(model).shape[0], -100)
         return {"batch": batch, "logp0": saved["logp0"].to(device)}
-    problems = task.sample(cfg.probe_size, random.Random(f"probe-{cfg.seed}"))
+    problems = sample_checked(task, cfg.probe_size, random.Random(f"probe-{cfg.seed}"))
     bar = progress_bar(cfg.progress, len(problems), "KL probe (sampling from the initial policy)")
     chunks = []
     with fork_rng(device):

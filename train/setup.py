@@ -177,7 +177,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         dist=ctx,
         **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
-    check_problems(cfg.task, run.heldout)  # (a custom task's mistake: refused before claim can delete a run)
+    check_problems(f"--task {cfg.task}", run.heldout)  # a custom task's mistake: refused before claim deletes a run
     if engine.name == "vllm" and cfg.vllm_max_model_len:  # the held-out prompts fit its context (refused now, not
         engine.check_prompts([render(p) for p in run.heldout], cfg.max_new_tokens)  # at the first evaluation)
     run.features = build_features(cfg, run)  # (the reward pre-flight: the last check that can refuse the run)

@@ -17,11 +17,12 @@ from .loss import loss_function
 from .record import step_record
 from .rollout import rollout
 from .run.signals import STOP
+from .tasks.base import sample_checked
 
 
 def step_problems(run) -> list:
     """The step's problems (the same draw on every rank of a torchrun job), and of them this rank's whole groups."""
-    problems = run.task.sample(run.prompts_per_step, run.task_rng)
+    problems = sample_checked(run.task, run.prompts_per_step, run.task_rng)
     if run.dist.enabled:
         share = run.prompts_per_step // run.dist.world
         problems = problems[run.dist.rank * share : (run.dist.rank + 1) * share]

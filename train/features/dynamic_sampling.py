@@ -16,6 +16,7 @@ from ..distributed import Dist
 from ..features.base import Feature
 from ..rollout import Batch, concat_batches
 from ..run.rng import is_random_state, random_state, set_random_state
+from ..tasks.base import sample_checked
 
 
 def constant_groups(rewards: Tensor, group_size: int) -> list[bool]:
@@ -108,7 +109,7 @@ class DynamicSampling(Feature):
 
     def after_rollout(self, batch: Batch, roll: Callable[[list], Batch]) -> Batch:
         def draw(n: int) -> list:
-            return self.task.sample(n, self.rng)
+            return sample_checked(self.task, n, self.rng)
 
         batch, self.counts = resample(batch, roll, draw, self.group_size, self.max_tries, self.pad_id)
         return batch

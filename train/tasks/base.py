@@ -144,15 +144,24 @@ class ProceduralTask:
         return list(seen.values())
 
 
-def check_problems(task: str, problems: object) -> None:
-    """TaskRefused unless `problems` (a task's held-out set, drawn before the run folder is touched) is a non-empty
-    list of `Problem`s with a non-empty text prompt and a text answer: a custom task's mistake is refused before
-    --overwrite deletes the previous run, not met as a traceback in the first rollout."""
+def check_problems(task: str, problems: object, call: str = "heldout()", n: int | None = None) -> None:
+    """TaskRefused unless `problems` (what a task's `call` gave: its held-out set, drawn before the run folder is
+    touched; a draw of `n` training problems) is a non-empty list (of `n`) of `Problem`s with a non-empty text prompt
+    and a text answer: a custom task's mistake is refused, not trained on or met as a traceback in a rollout."""
     if not isinstance(problems, list) or not problems:
-        raise TaskRefused(f"--task {task}: heldout() returned {problems!r:.80}; expected a non-empty list of "
+        raise TaskRefused(f"{task}: {call} returned {problems!r:.80}; expected a non-empty list of "
                           "train.tasks.Problem")  # fmt: skip
+    if n is not None and len(problems) != n:  # (the step's batch would silently have other groups than asked)
+        raise TaskRefused(f"{task}: {call} returned {len(problems)} problem{'s' * (len(problems) != 1)}; expected {n}")
     for i, p in enumerate(problems):
         ok = isinstance(p, Problem) and isinstance(p.prompt, str) and isinstance(p.answer, str)
         if not (ok and p.prompt.strip()):
-            raise TaskRefused(f"--task {task}: heldout()[{i}] is {p!r:.80}; expected a train.tasks.Problem with a "
+            raise TaskRefused(f"{task}: {call}[{i}] is {p!r:.80}; expected a train.tasks.Problem with a "
                               "non-empty str prompt and a str answer")  # fmt: skip
+
+
+def sample_checked(task, n: int, rng: random.Random) -> list[Problem]:
+    """`task.sample(n, rng)`, checked (`check_problems`): every draw of training problems goes through it."""
+    problems = task.sample(n, rng)
+    check_problems(f"task {type(task).__name__}", problems, f"sample({n}, rng)", n)
+    return problems
