@@ -390,9 +390,15 @@ def test_trainer_refuses_what_the_loss_does_not_serve():
                               ("actor_rollout_ref.rollout.n", 1, "rollout.n=1"),
                               # was TypeError: '<' not supported between instances of 'NoneType' and 'int'
                               ("actor_rollout_ref.rollout.n", None, ["rollout.n=None", "int >= 2"]),
-                              ("actor_rollout_ref.rollout.n", 2.5, ["rollout.n=2.5", "int >= 2"])]:  # fmt: skip
+                              ("actor_rollout_ref.rollout.n", 2.5, ["rollout.n=2.5", "int >= 2"]),
+                              # was accepted, and the preset's std-divided advantages used
+                              ("algorithm.norm_adv_by_std_in_grpo", False,
+                               ["norm_adv_by_std_in_grpo=False", "divides by the group's std",
+                                'sgrpo_loss="advantage_method=dr_grpo"'])]:  # fmt: skip
         bad = _with(base, key, value)
         assert_refused(lambda bad=bad: check_verl_config(bad, cfg), ValueError, words)
+    no_std = _with(base, "algorithm.norm_adv_by_std_in_grpo", False)  # consistent with a mean-centred preset: passes
+    check_verl_config(no_std, dataclasses.replace(cfg, advantage_method="dr_grpo"))
     assert_refused(lambda: check_verl_config(base, dataclasses.replace(cfg, beta=0.04)), ValueError, "beta=0.04")
 
 

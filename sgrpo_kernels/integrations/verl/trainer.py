@@ -43,6 +43,9 @@ QUANTILE_HINT = (f"{sgrpo_loss_override('entropy_filter=quantile:0.75')} "
 __all__ = ["TRAINER_MODE", "SGRPOTrainer", "check_critic_free", "check_verl_config"]
 
 
+NO_STD_DIVISION = ("dr_grpo", "rloo")  # the advantage methods that divide by no standard deviation
+
+
 def check_verl_config(config, cfg: LossConfig) -> None:
     """ValueError for verl settings the sgrpo loss does not serve or would ignore (:func:`.config.check_loss_keys`), or
     a critic (:func:`check_critic_free`), naming the key, its value and what to set."""
@@ -58,6 +61,14 @@ def check_verl_config(config, cfg: LossConfig) -> None:
     for key, value, expected, why in refused:
         if value != expected:
             raise ValueError(f"{key}={value!r} with loss_mode={cfg.name!r}: expected {expected!r} ({why})")
+    norm = config.algorithm.get("norm_adv_by_std_in_grpo", True)
+    if norm is not True and cfg.advantage_method not in NO_STD_DIVISION:  # (it was accepted and ignored)
+        raise ValueError(
+            f"algorithm.norm_adv_by_std_in_grpo={norm!r} with loss_mode={cfg.name!r}: the preset's advantages replace "
+            f"verl's, and its advantage_method={cfg.advantage_method!r} divides by the group's std; for mean-centred "
+            "advantages set +actor_rollout_ref.actor.policy_loss.sgrpo_loss=\"advantage_method=dr_grpo\" (and leave "
+            "norm_adv_by_std_in_grpo at True)"
+        )
     if cfg.beta != 0:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.sgrpo_loss sets beta={cfg.beta}: KL to a reference is not supported "
