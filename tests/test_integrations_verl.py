@@ -385,7 +385,11 @@ def test_trainer_refuses_what_the_loss_does_not_serve():
     assert cfg == rl.preset("s_grpo")
     check_verl_config(base, cfg)  # verl's defaults (no KL loss, no entropy bonus, no KL in reward) pass
     for key, value, words in [("actor_rollout_ref.actor.use_kl_loss", True, "use_kl_loss=True"),
-                              ("actor_rollout_ref.actor.entropy_coeff", 0.01, "entropy_coeff=0.01"),
+                              # the override it suggested could not be pasted (no Hydra path, quotes or _target_)
+                              ("actor_rollout_ref.actor.entropy_coeff", 0.01,
+                               ["entropy_coeff=0.01", "policy_loss.sgrpo_loss=\"entropy_coef=",
+                                "'+actor_rollout_ref.actor.policy_loss.sgrpo_loss=",
+                                "'++actor_rollout_ref.actor.policy_loss._target_="]),
                               ("algorithm.use_kl_in_reward", True, "use_kl_in_reward=True"),
                               ("actor_rollout_ref.rollout.n", 1, "rollout.n=1"),
                               # was TypeError: '<' not supported between instances of 'NoneType' and 'int'

@@ -56,7 +56,8 @@ def check_verl_config(config, cfg: LossConfig) -> None:
         ("actor_rollout_ref.actor.use_kl_loss", actor.get("use_kl_loss", False), False,
          "the sgrpo loss replaces verl's ppo_loss, KL included"),
         ("actor_rollout_ref.actor.entropy_coeff", actor.get("entropy_coeff", 0.0), 0.0,
-         "entropy terms come from the preset (sgrpo_loss='entropy_coef=...')"),
+         "entropy terms come from the preset: '+actor_rollout_ref.actor.policy_loss.sgrpo_loss=\"entropy_coef=...\"' "
+         f"with '++actor_rollout_ref.actor.policy_loss._target_={TARGET}'"),
     ]  # fmt: skip
     for key, value, expected, why in refused:
         if value != expected:
