@@ -203,3 +203,25 @@ def test_an_exception_in_a_features_hook_names_the_feature(tmp_path):
     finally:
         unregister_feature(factory)
     assert any("the feature 'raising'" in n and "Raising.rescore" in n for n in caught.value.__notes__)
+
+
+def test_a_feature_state_that_turns_unloadable_mid_run_is_refused_at_the_save(tmp_path):
+    """The check runs at the run's start and at each save (not every step): a state that is fine at the start and
+    holds an object later is refused when a checkpoint would be written, naming the feature."""
+    from train.run.checkpoint import CheckpointError
+
+    class Later(RolloutCounter):
+        name = "later"
+
+        def state_dict(self):
+            return {"seen": self.seen} if self.seen == 0 else {"rng": random.Random(self.seen)}
+
+    def factory(cfg, run):
+        return Later()
+
+    register_feature(factory)
+    try:
+        with pytest.raises(CheckpointError, match=r"feature 'later': state_dict\(\).*random\.Random"):
+            loop.train(tiny_cfg(tmp_path / "run", max_steps=2, kl_every=0, eval_k=0, save_every=1), LOSS)
+    finally:
+        unregister_feature(factory)

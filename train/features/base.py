@@ -21,8 +21,6 @@ generator, a history) it returns from `state_dict`; the checkpoint saves that fo
 from __future__ import annotations
 
 import contextlib
-import io
-import re
 from collections.abc import Callable, Iterable
 
 import torch
@@ -170,12 +168,7 @@ class Features:
         return record
 
     def state_dict(self) -> dict:
-        """Each feature's state, checked to load back as --resume loads it (torch.load, weights_only): a state that
-        cannot (a random.Random, any object) made a checkpoint that no resume could read."""
         states = {f.name: f.state_dict() for f in self.items}
-        for name, state in states.items():
-            if state:
-                _check_loadable(name, state)
         return {name: state for name, state in states.items() if state}
 
     def load_state_dict(self, states: dict) -> None:
@@ -204,22 +197,6 @@ def _named(feature: Feature, hook: str):
     except Exception as exc:
         exc.add_note(f"(raised in the feature {feature.name!r}: {type(feature).__qualname__}.{hook})")
         raise
-
-
-def _check_loadable(name: str, state: object) -> None:
-    buf = io.BytesIO()
-    try:
-        torch.save(state, buf)
-        buf.seek(0)
-        torch.load(buf, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 -- pickling or the weights-only unpickler refusing a type
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))  # (torch's text: how to trust a file)
-        why = f"it holds a {found.group(1)}" if found else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-        raise TrainError(
-            f"feature {name!r}: state_dict() returned {state!r:.100}, which a checkpoint cannot hold for --resume "
-            "(read with torch.load(weights_only=True): tensors, numbers, strings, lists, tuples and dicts only; e.g. "
-            f"a random.Random as rng.getstate()): {why}"
-        ) from None
 
 
 def global_norm(tensors: Iterable[Tensor]) -> float:

@@ -14,9 +14,11 @@ a finished, checkpointed run (train/export.py writes the folder), and what a sig
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import os
 import random
+import re
 import stat
 import zipfile
 from pathlib import Path
@@ -40,6 +42,26 @@ OPTIONAL_LOOP_KEYS = ("heldout",)  # each held-out problem's outcomes (absent fr
 
 class CheckpointError(TrainError):
     pass
+
+
+def check_feature_states(states: dict) -> None:
+    """CheckpointError unless each feature's state ({name: state}) loads back as --resume loads it (torch.load,
+    weights_only): a state that cannot (a random.Random, any object) made a checkpoint that no resume could read.
+    Checked at the run's start and at each save (a round trip of the states alone; the weights are not copied)."""
+    for name, state in states.items():
+        buf = io.BytesIO()
+        try:
+            torch.save(state, buf)
+            buf.seek(0)
+            torch.load(buf, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 -- pickling or the weights-only unpickler refusing a type
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))  # (torch's text: how to trust a file)
+            why = f"it holds a {found.group(1)}" if found else f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            raise CheckpointError(
+                f"feature {name!r}: state_dict() returned {state!r:.100}, which a checkpoint cannot hold for --resume "
+                "(read with torch.load(weights_only=True): tensors, numbers, strings, lists, tuples and dicts only; "
+                f"e.g. a random.Random as rng.getstate()): {why}"
+            ) from None
 
 
 # ----------------------------------------------------------------------------------------------------- files
@@ -156,6 +178,8 @@ def save_checkpoint(
             f"refusing to save non-finite weights ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}) to "
             f"{file}; the last good checkpoint stays"
         )
+    for states in features:
+        check_feature_states(states)
     payload = {
         "format": FORMAT,
         "step": step,

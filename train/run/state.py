@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import Refused
-from ..run.checkpoint import LOOP_KEYS, STATE_FILE, CheckpointError, restore_checkpoint, save_checkpoint
+from ..run.checkpoint import (
+    LOOP_KEYS,
+    STATE_FILE,
+    CheckpointError,
+    check_feature_states,
+    restore_checkpoint,
+    save_checkpoint,
+)
 from ..run.metrics import MetricsLog
 from ..run.rng import restore_rng, rng_snapshot
 from ..run.signals import STOP, signal_name
@@ -35,7 +42,9 @@ class LoopState:
 
 
 def fresh_state(run) -> LoopState:
-    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), features=run.features.state_dict(), pending=["before"])
+    features = run.features.state_dict()
+    check_feature_states(features)  # (a state no checkpoint can hold: refused now, not at the first save)
+    return LoopState(step=0, rngs=rng_snapshot(run.task_rng), features=features, pending=["before"])
 
 
 def commit(run, state: LoopState, record: dict, pending: list[str]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import Refused
+from ..tasks.base import TaskRefused
 
 if TYPE_CHECKING:
     from ..tasks.base import Problem
@@ -122,8 +122,8 @@ def make_task(name: str, **options) -> Task:
     try:
         inspect.signature(factory).bind(**given)
     except TypeError as exc:  # (a raw TypeError from inside the setup before)
-        raise Refused(f"{where} does not take the task options ({', '.join(given)}): {exc}; declare **_ for the ones "
-                      "it does not use") from None  # fmt: skip
+        raise TaskRefused(f"{where} does not take the task options ({', '.join(given)}): {exc}; declare **_ for "
+                          "the ones it does not use") from None  # fmt: skip
     except ValueError:  # no signature to read (a builtin): called as it is
         pass
     try:
@@ -132,5 +132,5 @@ def make_task(name: str, **options) -> Task:
         exc.add_note(f"(raised by {where})")
         raise
     if not (callable(getattr(task, "sample", None)) and callable(getattr(task, "heldout", None))):
-        raise Refused(f"{where} returned {task!r:.80}; expected a task (sample(n, rng) and heldout(n, seed))")
+        raise TaskRefused(f"{where} returned {task!r:.80}; expected a task (sample(n, rng) and heldout(n, seed))")
     return task
