@@ -120,18 +120,19 @@ def test_bad_shapes_and_thresholds_are_refused():
     assert_refused(lambda: rl.off_policy_sequence_mask(adv[:2], lp, mu, mask, 1.0), ValueError, "advantages")
 
 
+@pytest.mark.parametrize("agg", rl.LOSS_AGGS)
 @pytest.mark.parametrize("how", ["policy_weights", "off_policy_mask", "top_entropy"])
-def test_trls_masks_and_sampler_weights_leave_the_kl_term_unweighted(how):
+def test_trls_masks_and_sampler_weights_leave_the_kl_term_unweighted(how, agg):
     """TRL multiplies the policy term by its off-policy mask, its top-entropy mask and the vLLM importance weights,
     then adds beta * k3 over every completion token (verl weighs only the policy term by rollout_is_weights too); the
-    loss had them weigh the KL term as well. GRPO on-policy: ell = -A_i (ratio 1), seq-mean-token-mean; loss and
-    gradient against the float64 formula."""
+    loss had them weigh the KL term as well. GRPO on-policy: ell = -A_i (ratio 1); loss and gradient
+    against the float64 formula, in every aggregation."""
     lp, mu, mask = inputs(3)
     g = torch.Generator().manual_seed(4)
     ref = lp + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
     adv = torch.tensor([-1.0, 0.5, 0.3, -0.7, 1.2], dtype=torch.float64)
     ent = torch.rand(B, T, generator=g, dtype=torch.float64)
-    cfg, kw = rl.preset("grpo"), {}
+    cfg, kw = dataclasses.replace(rl.preset("grpo"), loss_agg=agg), {}
     if how == "policy_weights":
         kw["policy_weights"] = pw = torch.rand(B, T, generator=g, dtype=torch.float64) * 2
         pw[0, 1] = 0.0
@@ -151,8 +152,12 @@ def test_trls_masks_and_sampler_weights_leave_the_kl_term_unweighted(how):
     per_tok = pw * -adv.unsqueeze(1) + cfg.beta * (d.exp() - d - 1)
     d_per_tok = cfg.beta * (1 - d.exp())  # d/d logp of beta * k3; the policy term's is pw * -A (ratio's slope 1)
     d_per_tok = d_per_tok + pw * -adv.unsqueeze(1)
-    lengths = mask.sum(1).clamp(min=1).to(torch.float64)
-    n_seq = int(mask.any(1).sum())
-    tok_w = torch.where(mask, 1.0 / (lengths.unsqueeze(1) * n_seq), 0.0)
+    lengths = mask.sum(1).clamp(min=1).to(torch.float64).unsqueeze(1)
+    n_seq, n_tok = int(mask.any(1).sum()), int(mask.sum())
+    per_token = {"seq-mean-token-mean": 1.0 / (lengths * n_seq), "token-mean": torch.full_like(lengths, 1.0 / n_tok),
+                 "seq-mean-token-sum": torch.full_like(lengths, 1.0 / n_seq), "token-sum": torch.ones_like(lengths),
+                 "seq-sum-token-mean": 1.0 / lengths,
+                 "seq-mean-token-sum-norm": torch.full_like(lengths, 1.0 / (B * T))}  # fmt: skip
+    tok_w = torch.where(mask, per_token[agg].expand(B, T), 0.0)  # each aggregation's weight of a token
     assert float(loss.detach()) == pytest.approx(float((per_tok * tok_w).sum()), rel=1e-12, abs=1e-14)
     torch.testing.assert_close(grad, torch.where(mask, d_per_tok * tok_w, 0.0), rtol=1e-12, atol=1e-14)
