@@ -321,11 +321,21 @@ def interim_banner(result: dict) -> str:
             "interim below rests on fewer seeds than planned, and a decision marked so is not final.\n\n")  # fmt: skip
 
 
+def in_plan(plan: Plan, result: dict, data: dict) -> tuple[dict, list[str]]:
+    """(`data` restricted to each arm's planned seeds, given the rules that fired; "ARM/seedK" of the runs left out:
+    the plan adds no seed, section 6)."""
+    fired = {d["key"]: d["decision"] for d in result["hypotheses"]}
+    kept = {a: {s: f for s, f in runs.items() if a in plan.arms and s in plan.planned(a, fired)}
+            for a, runs in data.items()}  # fmt: skip
+    return kept, [f"{a}/seed{s}" for a, runs in data.items() for s in sorted(runs) if s not in kept[a]]
+
+
 def plan_markdown(plan: Plan, result: dict, data: dict, manifest: dict | None = None) -> str:
     """study.md's section of a pre-registered study: runs and collapse per arm, the contrasts and Fisher tests with
     their Holm-adjusted p, and for each hypothesis the rule that fired (or INTERIM / inconclusive)."""
     done = sum(a["runs"] for a in result["arms"].values())
     planned = sum(a["planned"] for a in result["arms"].values())
+    data, outside = in_plan(plan, result, data)  # the tables read the planned seeds only, as the tests do
     lines = ["", f"## Pre-registered analysis (plan `{plan.name}`, study/prereg.py; "
              "docs/study-v2-preregistration.md)", ""]  # fmt: skip
     if done < planned:
@@ -343,6 +353,8 @@ def plan_markdown(plan: Plan, result: dict, data: dict, manifest: dict | None = 
         + ".",
         "",
     ]
+    if outside:
+        lines += [f"Finished runs outside the plan, read by no test or table here: {', '.join(outside)}.", ""]
     lines += _arm_table(plan, result, data) + [""] + _tests_tables(result) + [""]
     if plan.extend:  # a screen: what each method cost beside the others (section 4.1 of the plan)
         lines += _compute_table(plan, data, manifest or {}) + [""]

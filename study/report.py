@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from .curves import plot_curves
-from .decide import evaluate, facts, interim_banner, plan_markdown
+from .decide import evaluate, facts, in_plan, interim_banner, plan_markdown
 from .figure import plot_forest, plot_study
 from .grid import RESEARCH_ARMS
 from .heldout import (
@@ -23,6 +23,7 @@ from .heldout import (
     heldout_tests,
     write_heldout_csv,
 )
+from .plancheck import check_plan_runs
 from .prereg import PLANS
 from .results import finished_runs, load_run, read_manifest, write_file, write_json
 from .stability import RULES
@@ -244,15 +245,21 @@ def write_report(study_dir: Path, order: list[str] | None = None, figure: bool =
     manifest = read_manifest(study_dir) or {}
     regime = manifest.get("regime", study_dir.name)
     order = order or list(manifest.get("arms", {}))
+    plan = PLANS.get(regime)  # a pre-registered study (train/study/prereg.py): its own tests replace the ones below
+    data, decided = {}, None
+    if plan is not None:  # what the plan reads: each run of the regime, whole, its outcomes, paired problems
+        check_plan_runs(manifest, dirs, runs)
+        data = facts(dirs, runs)
+        decided = evaluate(plan, data)
+        outside = set(in_plan(plan, decided, data)[1])  # seeds the plan lacks: in no table (study.md names them)
+        kept = [f"{r['arm']}/seed{r['seed']}" not in outside for r in runs]
+        dirs, runs = [d for d, k in zip(dirs, kept) if k], [r for r, k in zip(runs, kept) if k]
     aggs = aggregate(runs, order)
     diffs = {b: paired(runs, b, order) for b in baselines(runs)}
-    plan = PLANS.get(regime)  # a pre-registered study (train/study/prereg.py): its own tests replace the ones below
     held, tests = heldout_tests(dirs, runs, list(aggs)) if plan is None else ({}, {})
     contrasts = heldout_contrasts(held)
     multiplicity = heldout_multiplicity(tests, contrasts)
     collapse = collapse_tests(runs, list(aggs)) if held else {}
-    data = facts(dirs, runs) if plan is not None else {}
-    decided = evaluate(plan, data) if plan is not None else None
     keys = list(dict.fromkeys(k for r in runs for k in r))
     table = io.StringIO(newline="")
     w = csv.DictWriter(table, fieldnames=keys)

@@ -202,7 +202,7 @@ def read_summary(run_dir: Path) -> dict:
 
 def check_summary(run_dir: Path, summary) -> None:
     """ValueError naming the run's summary.json unless it is an object whose "before" / "after" (when present) are
-    objects with a numeric "eval_acc" (when present)."""
+    objects with an "eval_acc" (when present) that is a number in [0, 1]."""
     bad = "" if isinstance(summary, dict) else f"{_kind(summary)}, not a JSON object"
     for phase in ("before", "after"):
         ev = summary.get(phase, {}) if not bad else {}
@@ -210,6 +210,8 @@ def check_summary(run_dir: Path, summary) -> None:
             bad = bad or f'"{phase}" is {_kind(ev)}'
         elif "eval_acc" in ev and not _number(ev["eval_acc"]):
             bad = bad or f'"{phase}"."eval_acc" is {_kind(ev["eval_acc"])}'
+        elif "eval_acc" in ev and not 0 <= ev["eval_acc"] <= 1:  # NaN included: an accuracy is a fraction
+            bad = bad or f'"{phase}"."eval_acc" is {ev["eval_acc"]!r}, not an accuracy in [0, 1]'
     if bad:
         raise ValueError(f"{run_dir / 'summary.json'}: {bad}; expected {SUMMARY_EXPECTED}")
 
@@ -217,6 +219,26 @@ def check_summary(run_dir: Path, summary) -> None:
 def read_records(run_dir: Path) -> list[dict]:
     """The run's metrics.jsonl: one record a line, a step's metrics or an `"event": "eval"` record."""
     return read_jsonl(run_dir / "metrics.jsonl", "the trainer's metrics.jsonl, one JSON object a line")
+
+
+RULE_FIELDS = ("accuracy", "format_frac", "zero_var_frac")  # finite in every step record the trainer writes
+
+
+def check_steps(run_dir: Path, records: list[dict]) -> None:
+    """ValueError naming the step unless the fields the collapse rules read are numbers: accuracy, format and
+    zero-variance fractions finite (where a record has them), the entropy a number, or NaN / null (strict JSON) only
+    where the step's loss is too (a step that computed no loss writes both so)."""
+    for r in (r for r in records if "event" not in r):
+        bad = [k for k in RULE_FIELDS if k in r and not (_number(r[k]) and math.isfinite(r[k]))]
+        h = r.get("entropy_mean")
+        bad += ["entropy_mean"] if h is not None and not _number(h) else []
+        if bad:
+            raise ValueError(f"{run_dir / 'metrics.jsonl'}: step {r.get('step')}: {', '.join(bad)} is "
+                             f"{r.get(bad[0])!r}; the collapse rules need numbers there")  # fmt: skip
+        loss = r.get("loss")
+        if "entropy_mean" in r and not (_number(h) and math.isfinite(h)) and _number(loss) and math.isfinite(loss):
+            raise ValueError(f"{run_dir / 'metrics.jsonl'}: step {r.get('step')}: entropy_mean is {h!r} but its loss "
+                             f"{loss!r} was computed (the trainer writes no entropy only with no loss)")  # fmt: skip
 
 
 def load_run(run_dir: Path) -> dict:
@@ -227,6 +249,7 @@ def load_run(run_dir: Path) -> dict:
     summary = read_summary(run_dir)
     check_summary(run_dir, summary)
     records = read_records(run_dir)
+    check_steps(run_dir, records)
     try:
         metrics = run_metrics(records, summary, cfg["max_grad_norm"], rules)
     except (KeyError, TypeError, ValueError) as exc:

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+from test_study_plancheck import plan_study
 from test_train_study_stats import write_run
 
 from study import stats
@@ -270,14 +271,7 @@ def test_phase1_plan_is_consistent():
 def test_a_planned_study_prints_which_rule_fired_and_says_interim(tmp_path):
     from study.report import write_report
 
-    study = tmp_path / "v2-phase1"
-    rng = random.Random(0)
-    n = 40
-    for arm in PHASE1.arms:
-        for seed in PHASE1.arms[arm][:3]:  # 3 of the planned seeds: interim
-            before = [rng.random() < 0.2 for _ in range(n)]
-            after = [rng.random() < (0.6 if "tr" in arm else 0.4) for _ in range(n)]
-            write_run(study, arm, seed, before, after)
+    study = plan_study(tmp_path, {arm: list(PHASE1.arms[arm][:3]) for arm in PHASE1.arms})  # 3 planned seeds: interim
     write_report(study, figure=False)
     md = (study / "study.md").read_text()
     assert "## Pre-registered analysis (plan `v2-phase1`" in md
