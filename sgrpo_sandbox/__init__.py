@@ -28,11 +28,11 @@ that cannot be encoded, garbage on the channel, a crash or the deadline fail the
 
 How a program runs
 ------------------
-The trainer writes the program (and a check's test, which the bootstrap deletes once read) into a fresh temporary
-directory (deleted afterwards) and starts the bootstrap `boot.py` (loaded by file path from a private directory
-where the host compiled it and its helpers once) in `python -S -s -B` (no site-packages) with only PYTHONHASHSEED
-and PYTHONSAFEPATH in its environment, stdin /dev/null, stdout and stderr into one pipe, in a new session, without
-`preexec_fn` (unsafe in a threaded parent). That process (the outer):
+The trainer writes the program (and a check's test, whose file the bootstrap opens and deletes unread) into a fresh
+temporary directory (deleted afterwards) and starts the bootstrap `boot.py` (loaded by file path from a private
+directory where the host compiled it and its helpers once) in `python -S -s -B` (no site-packages) with only
+PYTHONHASHSEED and PYTHONSAFEPATH in its environment, stdin /dev/null, stdout and stderr into one pipe, in a new
+session, without `preexec_fn` (unsafe in a threaded parent). That process (the outer):
 
 1. dies with the trainer (PR_SET_PDEATHSIG) and unshares the network namespace (a loopback interface that is down,
    no route anywhere), the IPC namespace (SysV shared memory at most `memory_mb` MiB in all, few message queues and
@@ -53,7 +53,8 @@ and PYTHONSAFEPATH in its environment, stdin /dev/null, stdout and stderr into o
    `__main__`; for `run_check` the candidate's program runs as a module named "candidate" (its `if __name__ ==
    "__main__"` block does not run, as in HumanEval's harness) and then answers calls;
 4. waits for the exit status (`run_python`) or the checker's verdict (`run_check`) until the deadline, SIGKILLs
-   every other process of the namespace, reaps them, and writes the status to a private pipe that no child holds.
+   every other process of the namespace, reaps them, and writes the status to a private pipe that no child holds
+   (its `detail` cut to 300 characters, boot.DETAIL_MAX: the line fits in any pipe, whatever the candidate sent).
 
 The trainer reads at most `output_bytes` of output (then closes the pipe: a program that writes more gets EPIPE),
 waits for the outer with a backstop deadline (`timeout_s + GRACE_S`; past it, SIGKILL to the outer's process group
@@ -66,6 +67,11 @@ What it guarantees (as root with namespaces, as on the machine this was develope
   its /proc files not readable) and killing it fails the check, but without the mount namespace either the program
   can write whatever the trainer can -- the sandbox's own code and its compiled copy included -- and so forge the
   verdicts of later runs: score untrusted code as root (or in a VM) where it matters.
+- The test: no process the candidate is forked from ever reads it (a fork copies the parent's memory, freed memory
+  included, where the candidate could find it: its frames, gc, /proc/self/mem). The outer opens its file and deletes
+  it unread, the supervisor only passes the open file on, and the checker, forked after the candidate, reads it; the
+  candidate closes that file before its program runs. The outer, the supervisor and the checker are non-dumpable
+  (their memory and open files cannot be read through /proc by an unprivileged uid).
 - Network: none, when CLONE_NEWNET is permitted (`network_isolated`). Where it is not (an unprivileged user; some
   container runtimes), the program has the trainer's network access: the result and `isolation()` say so.
 - Signals: the trainer is outside the sandbox's PID namespace (no pid of it is visible) and never in its session;

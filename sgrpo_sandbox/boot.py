@@ -16,11 +16,16 @@ same str hashes every time, and PYTHONSAFEPATH=1). Three generations of processe
   limits and, as root, a uid of its own: UID_BASE + the outer's pid for the program or candidate, and that +
   CHECKER_UID_OFFSET for the checker.
 
-CONFIG: JSON {"program": path, "check": path or null (JSON {"setup", "test", "entry_point"}, deleted once read),
-"status_fd": int, "limits": {timeout_s, cpu_s, memory_mb, file_mb, tmp_mb, processes, open_files}, "hide": [paths]}.
-Status line: JSON {"status": passed / failed / timeout / error, "exit_code": int or null, "network", "filesystem",
-"ipc", "contained": bool, "uid": int or null, "detail": str}. Standard library only, and only the cheap modules: it
-starts once per program.
+CONFIG: JSON {"program": path, "check": path or null (JSON {"setup", "test", "entry_point"}), "entry_point": str or
+null, "status_fd": int, "limits": {timeout_s, cpu_s, memory_mb, file_mb, tmp_mb, processes, open_files}, "hide":
+[paths]}. Status line: JSON {"status": passed / failed / timeout / error, "exit_code": int or null, "network",
+"filesystem", "ipc", "contained": bool, "uid": int or null, "detail": str of at most DETAIL_MAX characters}.
+Standard library only, and only the cheap modules: it starts once per program.
+
+The test is never in the memory of a process the candidate is forked from (a fork copies all of it, freed memory
+included, where the candidate could read it: its frames, gc, /proc/self/mem): the outer opens the check file and
+deletes it without reading it, the supervisor only passes the open file on, and the checker, forked after the
+candidate, is the first to read it. The candidate closes that file before its program runs (`jail.confine`).
 """
 
 import _frozen_importlib
@@ -54,6 +59,9 @@ CHECKER_UID_OFFSET = 1 << 22  # the checker's: beyond any pid (PID_MAX_LIMIT), s
 WORKDIR = "/tmp/sandbox"  # inside the private /tmp
 START_MB = 1  # beyond the address space at the fork: what compiling and starting a small program takes
 CANDIDATE_NAME = "candidate"  # a check's program is not __main__: its `if __name__ == "__main__"` block does not run
+# characters of the status line's detail (cut beyond): at most 12 bytes each in its JSON (an astral character is two
+# \uXXXX escapes), so the line stays under PIPE_BUF (4096 bytes) and its write to the status pipe never blocks
+DETAIL_MAX = 300
 
 
 def _execute(source: str, filename: str, namespace: dict) -> None:
@@ -110,18 +118,31 @@ def _run_candidate(path: str, source: str, entry_point: str, limits: dict, uid, 
         _exit(0)  # its exit status means nothing: only the checker's verdict does
 
 
-def _run_checker(check: dict, limits: dict, uid, fds: list) -> None:
-    """The checker of `run_check` (trusted code, untrusted data): the test against the candidate; the verdict on
-    its fd 5. Never returns."""
+def _run_checker(limits: dict, uid, fds: list) -> None:
+    """The checker of `run_check` (trusted code, untrusted data): reads the check from its fd 6 (the first process
+    to read it), runs the test against the candidate; the verdict on its fd 5. Never returns."""
     _exit = os._exit
     sos.confine(limits, uid, fds, "/", None)  # no working directory: the candidate's is its own
     sos.not_dumpable()  # not ptrace-able nor readable through /proc, even by a process of its own uid
     try:
-        channel = harness.Channel(3, 4)
-        verdict = harness.run_checker(check["setup"], check["test"], check["entry_point"], _execute, channel)
+        try:
+            check = harness.loads(_read_all(6).decode("utf-8"))
+        except Exception as exc:  # noqa: BLE001 -- the sandbox's own file: not the candidate's fault
+            verdict = {"verdict": "error", "detail": f"the check could not be read: {exc!r}"[:DETAIL_MAX], "calls": 0}
+        else:
+            channel = harness.Channel(3, 4)
+            verdict = harness.run_checker(check["setup"], check["test"], check["entry_point"], _execute, channel)
         os.write(5, (harness.dumps(verdict) + "\n").encode())
     finally:
         _exit(0)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def _read_verdict(fd: int, deadline: float) -> dict | None:
@@ -139,19 +160,19 @@ def _read_verdict(fd: int, deadline: float) -> dict | None:
     return harness.loads(data.split(b"\n", 1)[0].decode("ascii"))
 
 
-def _check(program_path: str, program: str, check: dict, limits: dict, uids: list, workdir: str) -> tuple:
-    """Run the candidate and the checker; -> (status, detail) from the checker's verdict."""
+def _check(program_path: str, program: str, entry: str, check_fd: int, limits: dict, uids: list, workdir: str) -> tuple:
+    """Run the candidate and then the checker, which reads the check from `check_fd`; -> (status, detail) from the
+    checker's verdict."""
     calls_r, calls_w = os.pipe()
     results_r, results_w = os.pipe()
-    entry = check["entry_point"]
     deadline = time.monotonic() + limits["timeout_s"]
     if os.fork() == 0:
         _run_candidate(program_path, program, entry, limits, uids[0], workdir, [calls_r, results_w])
     verdict_r, verdict_w = os.pipe()
     checker = os.fork()
     if checker == 0:
-        _run_checker(check, limits, uids[1], [results_r, calls_w, verdict_w])
-    for fd in (calls_r, calls_w, results_r, results_w, verdict_w):
+        _run_checker(limits, uids[1], [results_r, calls_w, verdict_w, check_fd])
+    for fd in (calls_r, calls_w, results_r, results_w, verdict_w, check_fd):
         os.close(fd)
     verdict = _read_verdict(verdict_r, deadline)
     os.close(verdict_r)
@@ -178,7 +199,7 @@ def _run(program_path: str, program: str, limits: dict, uid, workdir: str) -> tu
     return ("passed" if code == 0 else "error" if code == 126 else "failed"), code
 
 
-def _supervise(cfg: dict, program: str, check, iso: dict, uids: list, alive_fd: int) -> None:
+def _supervise(cfg: dict, program: str, check_fd, iso: dict, uids: list, alive_fd: int) -> None:
     """PID 1 of the sandbox's PID namespace (or, where there is none, a subreaper): see the module docstring."""
     sos.die_with_parent(alive_fd)
     iso["contained"] = iso["contained"] and os.getpid() == 1
@@ -202,14 +223,16 @@ def _supervise(cfg: dict, program: str, check, iso: dict, uids: list, alive_fd: 
     if limits["memory_mb"] < need:  # not even the program's first line would run (nor a traceback be printed)
         verdict = "error"
         detail = f"the interpreter could not start under memory_mb={limits['memory_mb']}: it needs about {need:.0f} MiB"
-    elif check is None:
+    elif check_fd is None:
         verdict, code = _run(path, program, limits, uids[0], workdir)
         detail = ""
     else:
-        verdict, detail = _check(path, program, check, limits, uids, workdir)
+        verdict, detail = _check(path, program, cfg["entry_point"], check_fd, limits, uids, workdir)
     if not sos.kill_all([u for u in uids if u is not None], iso["contained"]):
         detail = (detail + " (descendants left)").strip()
     status = {"status": verdict, "exit_code": code, "filesystem": fs, "uid": uids[0]}
+    if len(detail) > DETAIL_MAX:
+        detail = detail[: DETAIL_MAX - 3] + "..."
     status.update(iso, detail=detail)
     os.write(cfg["status_fd"], (harness.dumps(status) + "\n").encode())
     os._exit(0)
@@ -221,11 +244,10 @@ def main(config: str) -> None:
     sos.not_dumpable()
     with open(cfg["program"], encoding="utf-8") as f:
         program = f.read()
-    check = None
-    if cfg["check"] is not None:
-        with open(cfg["check"], encoding="utf-8") as f:
-            check = harness.loads(f.read())
-        os.unlink(cfg["check"])  # the test is in this process's memory only: no file of it for the program to read
+    check_fd = None
+    if cfg["check"] is not None:  # opened, never read here: only the checker reads it (the module docstring)
+        check_fd = os.open(cfg["check"], os.O_RDONLY | os.O_CLOEXEC)
+        os.unlink(cfg["check"])  # no file of it for the program to read
     iso = {"network": sos.unshare(sos.CLONE_NEWNET)}
     iso["ipc"] = sos.unshare(sos.CLONE_NEWIPC) and sos.bound_ipc(cfg["limits"]["memory_mb"])
     iso["mount"] = sos.unshare(sos.CLONE_NEWNS)
@@ -238,7 +260,7 @@ def main(config: str) -> None:
     pid = os.fork()
     if pid == 0:
         os.close(alive_w)
-        _supervise(cfg, program, check, iso, uids, alive_r)
+        _supervise(cfg, program, check_fd, iso, uids, alive_r)
     os.close(alive_r)
     os.waitpid(pid, 0)
     os._exit(0)

@@ -80,9 +80,17 @@ def kill_uid(uid: int) -> None:
         pass
 
 
-def read_status(fd: int) -> str:
-    ready, _, _ = select.select([fd], [], [], 1.0)
-    return os.read(fd, 4096).decode(errors="replace") if ready else ""
+def read_status(fd: int, limit_s: float = 1.0, cap: int = 1 << 16) -> str:
+    """The supervisor's status line: read until its newline, EOF (every writer gone), `cap` bytes or `limit_s`."""
+    data, deadline = b"", time.monotonic() + limit_s
+    while b"\n" not in data and len(data) < cap and (left := deadline - time.monotonic()) > 0:
+        if not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, cap)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")
 
 
 def rmtree(path: str) -> None:

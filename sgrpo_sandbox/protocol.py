@@ -121,13 +121,13 @@ class Decoder:
             return self.objects[body]
         if tag in ("list", "dict", "set", "bytearray"):
             if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is int and body[0] not in self.objects):
-                raise ValueError(f"tag {tag!r}: expected [a new number, contents]")
+                raise ValueError(f"tag {_clip(tag)}: expected [a new number, contents]")
             container = self.objects[body[0]] = {"list": list, "dict": dict, "set": set, "bytearray": bytearray}[tag]()
             _replace(container, self.contents(container, body[1]))
             return container
         if tag in ("tuple", "frozenset", "iter"):
             if not isinstance(body, list):
-                raise ValueError(f"tag {tag!r}: expected a list")
+                raise ValueError(f"tag {_clip(tag)}: expected a list")
             items = [self.value(x) for x in body]
             return (
                 tuple(items) if tag == "tuple" else iter(items) if tag == "iter" else frozenset(map(_hashable, items))
@@ -140,7 +140,7 @@ class Decoder:
             return complex(*nums)
         if tag == "range" and isinstance(body, list) and len(body) == 3 and all(type(x) is int for x in body):
             return range(*body)
-        raise ValueError(f"not an encoded value (tag {tag!r})")
+        raise ValueError(f"not an encoded value (tag {_clip(tag)})")
 
     def contents(self, container, tree):
         """New contents for `container` (a list, dict, set or bytearray) from `tree`, not yet put in it."""
@@ -193,7 +193,14 @@ def _hashable(value):
 def _floats(body) -> list[float]:
     if not isinstance(body, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in body):
         raise ValueError("expected numbers")
-    return [float(x) for x in body]
+    try:
+        return [float(x) for x in body]
+    except OverflowError:  # an int beyond the largest float
+        raise ValueError("a number too large for a float") from None
+
+
+def _clip(text: str, most: int = 40) -> str:  # a candidate's str in a message: its length is not the candidate's
+    return repr(text[:most]) + ("..." if len(text) > most else "")
 
 
 class _ScannerContext:
@@ -332,7 +339,7 @@ def _answer(function, call: dict) -> dict:
 
 def _describe(exc: BaseException) -> str:
     try:
-        return f"{type(exc).__name__}: {exc}"[:500]
+        return f"{type(exc).__name__}: {exc}"[:250]
     except Exception:  # noqa: BLE001 -- a __str__ that raises
         return type(exc).__name__
 
@@ -368,8 +375,8 @@ class StandIn:
                 return self._call(args, kwargs)
             except CandidateFailure as exc:
                 self.failure = str(exc)
-            except (ProtocolError, OSError, ValueError, TypeError, KeyError, RecursionError, MemoryError) as exc:
-                self.failure = f"call {n}: no well-formed answer ({type(exc).__name__}: {exc})"
+            except Exception as exc:  # noqa: BLE001 -- any of them (OverflowError too): not a well-formed answer
+                self.failure = f"call {n}: no well-formed answer ({type(exc).__name__}: {exc})"[:300]
         raise CandidateFailure(self.failure)
 
     def _call(self, args: tuple, kwargs: dict):

@@ -111,7 +111,8 @@ class SandboxResult:
     network_isolated: bool  # in a network namespace of its own (no interfaces up)
     filesystem_isolated: bool  # every mount read-only, a private tmpfs on /tmp, site-packages hidden
     uid: int | None  # the uid the program (candidate) ran as when dropped from root; None: the trainer's own uid
-    detail: str = ""  # what went wrong (a check: which call or test line failed); descendants that survived
+    detail: str = ""  # what went wrong (a check: which call or test line failed); descendants that survived; at most
+    # 300 characters (boot.DETAIL_MAX), lone surrogates written as \udXXX
     ipc_isolated: bool = False  # in an IPC namespace of its own, with SysV IPC bounded
     contained: bool = False  # in a PID namespace of its own: nothing of it outlives the sandbox or the trainer
 
@@ -264,6 +265,7 @@ def _run(source: str, check: FunctionCheck | None, limits: Limits) -> SandboxRes
         status_r, status_w = os.pipe()
         limit_args = {k: v for k, v in vars(limits).items() if k != "output_bytes"}
         cfg = {"program": program, "check": check_path, "status_fd": status_w, "limits": limit_args}
+        cfg["entry_point"] = None if check is None else check.entry_point
         cfg["hide"] = _hidden()
         compiled = _compiled()
         boot = os.path.join(compiled, "boot.pyc") if compiled else str(BOOT)
@@ -314,7 +316,8 @@ def _result(line: str, in_time: bool, wall: float, output: str, truncated: bool)
         return SandboxResult(
             "timeout" if not in_time else "error", wall, None, output, truncated, False, False, None, detail
         )
-    detail = status["detail"]
+    # a lone surrogate (say, in the text of a candidate's exception) as text (\udXXX): the detail can be printed
+    detail = status["detail"].encode("utf-8", "backslashreplace").decode("utf-8")
     if status["status"] == "error":
         detail = detail or "the program could not be started (its output says why)"
     return SandboxResult(
