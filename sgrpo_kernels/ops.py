@@ -188,6 +188,26 @@ def _aliases_grad_leaf(t: Tensor) -> bool:
     return any(x is not None and x.is_leaf and x.requires_grad for x in (t, t._base))
 
 
+def _may_overlap(t: Tensor) -> bool:
+    """Two elements of `t` may share memory: a dim of stride 0 and size > 1 (an expand()), or, dims of size > 1 taken
+    by increasing stride, a stride that does not clear the offsets the dims before it reach (an as_strided view).
+    From sizes and strides alone, so that torch.compile traces it (torch._debug_has_internal_overlap it cannot)."""
+    if t.numel() == 0:
+        return False
+    dims = [(st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1]
+    reach = 0  # the largest offset the dims taken so far reach
+    while dims:  # (by hand: Dynamo cannot sort symbolic strides)
+        k = 0
+        for i in range(1, len(dims)):
+            if dims[i][0] < dims[k][0]:
+                k = i
+        stride, size = dims.pop(k)
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 def _check_max_logprob(flag: object, shard: bool, op: str) -> bool:
     want = check_flag("return_max_logprob", flag)
     if want and shard:
@@ -349,8 +369,9 @@ def logprobs_from_logits(
     Args:
         inplace_backward: write grad_logits into the `logits` buffer itself instead of a new (N, V) tensor. Only safe
             when nothing else needs `logits` after this op's backward (autograd raises if something saved it).
-            Refused for a leaf that requires grad and for any view of one (its data would become its gradient);
-            allowed for non-leaf tensors and their views, e.g. `(hidden @ weight.T).view(B, T, V)`.
+            Refused for a leaf that requires grad and for any view of one (its data would become its gradient), and
+            for logits whose strides may overlap (an expand()); allowed for non-leaf tensors and their views, e.g.
+            `(hidden @ weight.T).view(B, T, V)`.
         backend, memory_budget, check_targets: as in `linear_logprobs`.
         process_group: the logits are this rank's contiguous vocabulary shard (N, V_r) over a `torch.distributed`
             group, as in `linear_logprobs`; `targets` are global ids; each rank gets its shard's gradient.
@@ -365,11 +386,12 @@ def logprobs_from_logits(
     head = HeadOptions.from_kwargs("logprobs_from_logits", head_options, LOGITS_HEAD_OPTIONS)
     check_flag("return_entropy", return_entropy)
     check_flag("inplace_backward", inplace_backward)
-    if inplace_backward and torch._debug_has_internal_overlap(logits) == 1:  # (1: overlap for sure; 2: unknown)
+    if inplace_backward and _may_overlap(logits):
         raise ValueError(
             f"inplace_backward=True needs a logits buffer whose elements are distinct, but logits (shape "
-            f"{tuple(logits.shape)}, stride {logits.stride()}) has overlapping elements (e.g. an expand()): the "
-            "gradient cannot be written into it; pass logits.contiguous() or inplace_backward=False"
+            f"{tuple(logits.shape)}, stride {logits.stride()}) has overlapping elements (e.g. an expand()) or strides "
+            "that cannot rule them out: the gradient cannot be written into it; pass logits.contiguous() or "
+            "inplace_backward=False"
         )
     if inplace_backward and _aliases_grad_leaf(logits):
         raise ValueError(

@@ -12,6 +12,7 @@ import numbers
 import os
 
 import torch
+import torch.autograd.forward_ad as fwad
 from torch import Tensor
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -233,6 +234,32 @@ def check_target_values(targets: Tensor, vocab: int, ignore_index: int) -> None:
         )
 
 
+# torch's private functorch helpers (torch 2.x); without them only forward-mode AD duals are recognized
+_FUNCTORCH = getattr(torch._C, "_functorch", None)
+if not all(hasattr(_FUNCTORCH, f) for f in ("is_gradtrackingtensor", "is_functorch_wrapped_tensor", "get_unwrapped")):
+    _FUNCTORCH = None
+
+
+def check_no_transform(name: str, x: Tensor | None) -> None:
+    """Refuse a forward-mode AD dual tensor and a tensor under torch.func's grad / vjp / jacrev / jacfwd / hessian /
+    jvp: the ops define a reverse-mode backward only (a jvp came out as zeros). vmap's batched tensors and
+    functionalize's are looked through. Eager only: torch.compile traces the op's inputs itself."""
+    if x is None or torch.compiler.is_compiling():
+        return
+    functorch = _FUNCTORCH
+    while True:
+        if fwad.unpack_dual(x).tangent is not None or (functorch is not None and functorch.is_gradtrackingtensor(x)):
+            raise TypeError(
+                f"{name} carries a forward-mode AD tangent or a torch.func gradient transform (grad, vjp, jacrev, "
+                "jacfwd, hessian, jvp): the ops define a reverse-mode backward only, so torch.func transforms other "
+                "than vmap of the forward, and torch.autograd.forward_ad, are unsupported; use loss.backward() or "
+                "torch.autograd.grad"
+            )
+        if functorch is None or not functorch.is_functorch_wrapped_tensor(x):
+            return
+        x = functorch.get_unwrapped(x)
+
+
 # ----------------------------------------------------------------------------------------------- the two ops' inputs
 
 
@@ -275,6 +302,8 @@ def check_linear_inputs(
         if bias.device != weight.device:
             raise ValueError(f"bias is on {bias.device} but weight is on {weight.device}; they must match")
     check_targets(targets, hidden.shape[:-1], "hidden", hidden.device)
+    for name, x in (("hidden", hidden), ("weight", weight), ("bias", bias), ("targets", targets)):
+        check_no_transform(name, x)
 
 
 def check_logits_inputs(logits: object, targets: object, shard: bool = False) -> None:
@@ -286,6 +315,8 @@ def check_logits_inputs(logits: object, targets: object, shard: bool = False) ->
     if logits.shape[-1] == 0 and not shard:
         raise ValueError(f"logits has shape {shape_str(logits)}: the vocabulary (last dim) must not be empty")
     check_targets(targets, logits.shape[:-1], "logits", logits.device)
+    check_no_transform("logits", logits)
+    check_no_transform("targets", targets)
 
 
 def check_process_group(group: object, op: str):

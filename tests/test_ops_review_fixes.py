@@ -140,3 +140,84 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_are():
         got, want = sk.linear_logprobs(h, w, t, **{name: value}), sk.linear_logprobs(h, w, t, **{name: plain})
         assert all(torch.equal(a, b) for a, b in zip(got, want)), name
     assert_refused(lambda: sk.linear_logprobs(h, w, t, temperature=np.bool_(True)), TypeError, "temperature")
+
+
+# ------------------------------------------------------------------------- second review (2026-11-30): four defects
+
+
+def _inplace_loss(h, w, t):
+    out = sk.logprobs_from_logits(h @ w.T, t, inplace_backward=True, temperature=0.7)
+    return (out.logp + 0.5 * out.entropy).sum()
+
+
+def test_inplace_backward_compiles_fullgraph_to_the_eager_gradient():
+    """The overlap check called torch._debug_has_internal_overlap, which Dynamo cannot trace: fullgraph compile failed
+    ('Unsupported torch.* op returned non-Tensor'). inductor too (checked by hand; aot_eager here: seconds)."""
+    torch.manual_seed(0)
+    w, t = torch.randn(300, 4), torch.randint(0, 300, (6,))
+    h = torch.randn(6, 4, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(_inplace_loss, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(h, w, t), h)[0]
+    want = torch.autograd.grad(_inplace_loss(h, w, t), h)[0]
+    assert torch.equal(got, want)
+
+
+def test_inplace_backward_refuses_an_as_strided_view_whose_elements_overlap():
+    """Strides (1, 1) put row r's element j on row r + 1's element j - 1: the old check called that 'too hard' and let
+    it through, and the in-place gradient overwrote itself. An expand() (stride 0) is still refused in eager."""
+    hid = torch.randn(1, 3, requires_grad=True)
+    flat = (hid @ torch.randn(12, 3).T).reshape(-1)
+    t = torch.tensor([0, 1, 2, 3])
+    words = ["inplace_backward=True", "stride (1, 1)", "overlapping", "inplace_backward=False"]
+    overlapping = flat.as_strided((4, 5), (1, 1))
+    assert_refused(lambda: sk.logprobs_from_logits(overlapping, t, inplace_backward=True), ValueError, words)
+    assert_refused(lambda: sk.logprobs_from_logits(flat[:5].expand(4, 5), t, inplace_backward=True),
+                   ValueError, ["stride (0, 1)", "overlapping"])  # fmt: skip
+    sk.logprobs_from_logits(flat.as_strided((4, 3), (3, 1)), t[:4] % 3, inplace_backward=True)  # distinct: runs
+
+
+@pytest.mark.parametrize("temperature", [1e-36, 2.0**-126])
+def test_the_torch_backend_gradient_stays_finite_at_the_smallest_temperatures(temperature):
+    """1/T was folded into the row factors: log p's floor (-1e4) times 1e36 overflowed to inf and p = 0 times inf gave
+    NaN for the tokens of probability 0 (float64 and triton: finite)."""
+    x0 = torch.tensor([[0.0, -1.0, -2.0], [0.5, 0.0, -3.0]])
+    t = torch.tensor([0, 1])
+    x = x0.clone().requires_grad_()
+    out = sk.logprobs_from_logits(x, t, temperature=temperature, backend="torch")
+    (out.logp + out.entropy).sum().backward()
+    x64 = x0.double().requires_grad_()
+    logp = torch.log_softmax(x64 / temperature, -1)
+    p = logp.exp()
+    (logp[[0, 1], [0, 1]] - (p * torch.where(p > 0, logp, 0)).sum(-1)).sum().backward()
+    assert torch.isfinite(x.grad).all(), x.grad
+    torch.testing.assert_close(x.grad, x64.grad.float(), rtol=1e-5, atol=0.0)
+    h = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    w = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]], requires_grad=True)
+    out = sk.linear_logprobs(h, w, t, temperature=temperature, backend="torch")
+    (out.logp + out.entropy).sum().backward()
+    assert torch.isfinite(h.grad).all() and torch.isfinite(w.grad).all(), (h.grad, w.grad)
+
+
+def test_forward_mode_ad_and_torch_func_gradients_are_refused_and_vmap_still_runs():
+    """torch.func.jvp of linear_logprobs gave zeros (float64: nonzero) and torch.func.grad failed naming an
+    autograd.Function; both are refused naming the argument. vmap of the forward is unchanged."""
+    import torch.autograd.forward_ad as fwad
+
+    torch.manual_seed(0)
+    h, w, t, v = torch.randn(3, 4), torch.randn(40, 4), torch.randint(0, 40, (3,)), torch.randn(3, 4)
+    words = ["torch.func transforms other than vmap", "forward_ad", "unsupported"]
+    calls = {
+        "jvp": lambda: torch.func.jvp(lambda a: sk.linear_logprobs(a, w, t).logp, (h,), (v,)),
+        "grad": lambda: torch.func.grad(lambda b: sk.linear_logprobs(h, b, t).logp.sum())(w),
+        "jacrev": lambda: torch.func.jacrev(lambda x: sk.logprobs_from_logits(x, t).logp)(h @ w.T),
+    }
+    for what, call in calls.items():
+        name = {"jvp": "hidden", "grad": "weight", "jacrev": "logits"}[what]
+        assert_refused(call, TypeError, [f"{name} carries", *words])
+    with fwad.dual_level():
+        assert_refused(lambda: sk.logprobs_from_logits(fwad.make_dual(h @ w.T, v @ w.T), t), TypeError,
+                       ["logits carries", *words])  # fmt: skip
+    batched = torch.func.vmap(lambda a, b: sk.linear_logprobs(a, w, b).logp)(torch.stack([h, -h]), t.expand(2, 3))
+    assert torch.equal(batched[0], sk.linear_logprobs(h, w, t).logp)
+    assert torch.equal(batched[1], sk.linear_logprobs(-h, w, t).logp)

@@ -163,3 +163,24 @@ def test_sgrpo_loss_checks_what_on_logp_returns():
     assert torch.isfinite(loss)
     assert_refused(lambda: rl.sgrpo_loss(h, w, y, **kw, on_logp=lambda lp: {"old_logp": lp[:, :2]}),
                    ValueError, ["old_logp has shape (2, 2)", "[B, T] of hidden"])  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "ignore_index"), [(torch.uint8, -100), (torch.uint16, -100), (torch.int16, -40000)])
+def test_sgrpo_loss_takes_unsigned_and_narrow_integer_targets(dtype, ignore_index):
+    """The ignored positions were filled with ignore_index in the targets' own dtype: -100 wrapped to 156 (uint8, which
+    also took a real target 156 for ignored) or 65436 (uint16: refused, 'e.g. [65436]'), and -40000 overflowed int16."""
+    from sgrpo_kernels import sgrpo_loss
+
+    torch.manual_seed(0)
+    h, w = torch.randn(2, 4, 8, requires_grad=True), torch.randn(200, 8, requires_grad=True)
+    targets = torch.randint(0, 200, (2, 4))
+    targets[0, 1] = 156
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    cfg = rl.preset_with("grpo", "beta=0.0")
+
+    def run(y):
+        loss, _ = sgrpo_loss(h, w, y, torch.tensor([1.0, -1.0]), mask, cfg, ignore_index=ignore_index)
+        return (loss, *torch.autograd.grad(loss, [h, w]))
+
+    for got, want in zip(run(targets.to(dtype)), run(targets)):
+        assert torch.equal(got, want)

@@ -30,6 +30,10 @@ DEFAULT_MEMORY_BUDGET = 128 * 2**20  # bytes for the temporaries of one call (ti
 _TILE_TEMPS = 2  # (rows x vocab-chunk) buffers per call: logits tile and exp tile, in compute dtype
 _MIN_VCHUNK = 256
 _LOGP_FLOOR = -1.0e4  # exp(-1e4) == 0 in fp32 and fp64: clamping log p there changes no probability
+# Above this 1 / temperature (temperature below ~1e-6) the backward's row coefficients stay in units of z and 1 / T
+# multiplies the tile last: folded into them, 1 / T = 1e36 times log p's floor overflowed to inf, and p = 0 times inf
+# gave NaN. Below it the arithmetic is the one it always was (bit for bit: training runs are fingerprinted).
+_LATE_INV_T = 2.0**20
 
 
 def is_available() -> tuple[bool, str]:
@@ -167,10 +171,14 @@ def _grad_tile_(
 
     dz = g_logp * 1[j = y] - p * (g_logp + g_H * (log p + H)), divided by the temperature, with
     log p = (z - m) - log s and p = exp(z - m) / s: the row constants (H - log s, 1/s, the signs and 1/temperature)
-    ride on per-row factors, so the tile is touched few times and z - m is never added to a large number.
+    ride on per-row factors, so the tile is touched few times and z - m is never added to a large number. Past
+    _LATE_INV_T the factors leave 1/temperature out and the tile is multiplied by it last: p * coef is then finite
+    (p <= 1), and so is dz unless the true gradient overflows.
     """
     vc = z.shape[1]
     inv_t = 1.0 / temperature
+    late = inv_t > _LATE_INV_T
+    k = 1.0 if late else inv_t  # the 1/temperature the row factors carry
     m, log_s = stats[0], stats[1]
     inv_s = torch.exp(-log_s)
     z.sub_(m.unsqueeze(1))  # z - m <= 0
@@ -178,12 +186,14 @@ def _grad_tile_(
         z.clamp_(min=_LOGP_FLOOR)  # -inf logits: p = 0 either way, and (log p + H) stays finite
         torch.exp(z, out=p)
         # p (-(g_H (log p + H) + g_logp) / T) = exp(z - m) (-(g_H ((z - m) + (H - log s)) + g_logp) / (s T))
-        coef = z.add_((entropy - log_s).unsqueeze(1)).mul_((g_ent * inv_s * -inv_t).unsqueeze(1))
-        coef.sub_((g_logp * inv_s * inv_t).unsqueeze(1))
+        coef = z.add_((entropy - log_s).unsqueeze(1)).mul_((g_ent * inv_s * -k).unsqueeze(1))
+        coef.sub_((g_logp * inv_s * k).unsqueeze(1))
     else:
         torch.exp(z, out=p)
-        coef = (g_logp * inv_s * -inv_t).unsqueeze(1)
+        coef = (g_logp * inv_s * -k).unsqueeze(1)
     dz = p.mul_(coef)
+    if late:
+        dz.mul_(inv_t)
     local = targets - v0
     hit = (local >= 0) & (local < vc)
     rows = torch.nonzero(hit).squeeze(1)

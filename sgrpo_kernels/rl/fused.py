@@ -113,8 +113,9 @@ def sgrpo_loss(
         raise ValueError(f"compute_entropy=False but config {config.name!r} needs token entropies")
 
     ignore_index = HeadOptions.from_kwargs("sgrpo_loss", head_options).ignore_index
-    valid = (mask != 0) & (targets != ignore_index)
-    eff_targets = torch.where(valid, targets, torch.full_like(targets, ignore_index))
+    wide = targets.long()  # ignore_index in int64: in the targets' own dtype -100 would wrap (uint8: 156) or overflow
+    valid = (mask != 0) & (wide != ignore_index)
+    eff_targets = torch.where(valid, wide, ignore_index)
     eff_mask = valid if mask.dtype == torch.bool else torch.where(valid, mask, torch.zeros_like(mask))
     out = linear_logprobs(
         hidden,
