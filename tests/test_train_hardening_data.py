@@ -47,7 +47,7 @@ def test_repeated_rows_never_land_on_both_sides(tmp_path, capsys, task):
 
 
 def test_rows_sharing_a_prompt_stay_on_one_side(tmp_path):
-    data = rows(20) + [{"question": "3 + 3 = ?", "answer": "six"}, {"question": "3 + 3 = ?", "answer": "06"}]
+    data = rows(20) + [{"question": "3 + 3 = ?", "answer": "#### 6"}, {"question": "3 + 3 = ?", "answer": "06"}]
     for seed in range(5):
         t = make_task("jsonl", data_path=write_rows(tmp_path / "d.jsonl", data), heldout_frac=0.25, seed=seed)
         train, held = [p.prompt for p in t.train], [p.prompt for p in t.test]

@@ -15,6 +15,7 @@ import copy
 import functools
 import importlib
 import inspect
+import json
 import math
 import numbers
 import os
@@ -288,6 +289,9 @@ def parse_reward_spec(text: str) -> list[tuple[str, float]]:
                 weight = math.nan
             if not math.isfinite(weight):
                 raise RewardError(f"reward {item!r}: weight {m['w']!r}: expected a finite number")
+            if weight == 0:  # 0 (or -0): the function would count for nothing, silently
+                raise RewardError(f"reward {item!r}: weight {m['w']!r}: expected a finite, nonzero number (a weight "
+                                  "of 0 adds nothing to the reward: leave the function out instead)")  # fmt: skip
         out.append((item.split("=")[0], weight))
     names = [n for n, _ in out]
     if len(set(names)) < len(names):
@@ -368,12 +372,13 @@ class RewardFunctions:
                  ) -> list[float]:  # fmt: skip
         """The weighted sum per completion (rows[i]: completion i's problem fields; truths[i], when given: its
         problem's ground truth, which the built-in `correctness` grades against; else the rows' `answer`)."""
-        key = (tuple(completions), tuple(map(id, rows)))
-        if self._last is not None and self._last[0] == key:
-            return self._last[1]
+        key = self._cache_key(completions, prompts, rows, truths)
+        if key is not None and self._last is not None and self._last[0] == key:
+            result, self._last = self._last[1], None  # used once: the next batch is scored afresh
+            return result
         columns = {k: [r.get(k) for r in rows] for k in dict.fromkeys(k for r in rows for k in r)}
-        for key in ("prompt", "completion", "completions"):  # as TRL: the prompt is `prompts`, not a field
-            columns.pop(key, None)
+        for field in ("prompt", "completion", "completions"):  # as TRL: the prompt is `prompts`, not a field
+            columns.pop(field, None)
         columns["prompts"] = list(prompts)
         total = [0.0] * len(completions)
         for name, fn, w in self.functions:
@@ -404,8 +409,20 @@ class RewardFunctions:
             terms = ", ".join(f"{name}={w:g}" for name, _, w in self.functions)
             raise RewardError(f"rewards {terms}: the weighted sum for completion {bad} is {total[bad]}; expected a "
                               "finite sum (use smaller weights or values)")  # fmt: skip
-        self._last = (key, total)
+        self._last = None if key is None else (key, total)
         return total
+
+    def _cache_key(self, completions, prompts, rows, truths) -> tuple | None:
+        """What the weighted sum depends on, by content (the rows' fields as JSON, the ground truths when the
+        built-in `correctness` grades them): never the rows' ids, which repeat across calls for the dicts a built-in
+        task's problem makes anew each time. None (no caching) when the rows are not JSON data."""
+        graded = truths is not None and any(name == "correctness" for name, _, _ in self.functions)
+        try:
+            fields = json.dumps(rows, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            return None
+        answers = tuple((type(t).__name__, str(t), getattr(t, "test", None)) for t in truths) if graded else None
+        return tuple(completions), tuple(prompts), fields, answers
 
     def check(self, prompt: str, row: dict, truth=None) -> None:
         """Call every function on two completions of a real problem (the empty one and "0"), so that a wrong signature,

@@ -189,6 +189,11 @@ def _parse_text(path: Path) -> object:
         return yaml.load(text, Loader=_limited_loader(path))  # noqa: S506 -- a SafeLoader, with limits
     except ConfigFileError:
         raise
+    except yaml.MarkedYAMLError as exc:  # a syntax error: where it is and what (a tab, an unclosed quote, ...)
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = "; ".join(x for x in (exc.problem, exc.context) if x) or type(exc).__name__
+        raise ConfigFileError(f"--config {path}: {where}not valid YAML ({what})") from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ConfigFileError(f"--config {path}: not valid YAML ({first})") from None
@@ -269,7 +274,7 @@ def _loss_overrides_of(train: dict, loss: dict, where: str) -> dict:
 
 def read_config_file(path: str | Path) -> ConfigFile:
     """Read and check `path` (see the module docstring). Raises ConfigFileError naming the file and the key."""
-    path = Path(path)
+    path = Path(path).expanduser()  # `--config=~/run.yaml`: no shell expands a ~ after "="
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "is not a regular file" if path.exists() else ""
         raise ConfigFileError(f"--config {path}: {what or 'no such file'}")

@@ -11,7 +11,15 @@ import random
 from pathlib import Path
 
 from ..errors import Refused
-from ..rewards import MathAnswer, RewardFunctions, RowAnswer, extract_answer
+from ..rewards import (
+    MathAnswer,
+    RewardFunctions,
+    RowAnswer,
+    _to_number,
+    answers_match,
+    correctness_reward,
+    extract_answer,
+)
 from ..tasks.base import ANSWER_IS_TEMPLATE, Problem, check_template
 from ..tasks.registry import register_task
 
@@ -47,10 +55,12 @@ def _question(row: dict, where: str):
     return value
 
 
-def _answer(row: dict, where: str) -> str | None:
+def _answer(row: dict, where: str, graded_as: type | None = str) -> str | None:
     """The row's final answer: from the first of ANSWER_KEYS present ("... #### 42" and "... \\boxed{42}" read to
     "42", a bare value stripped); None when none is. Refused: a list, an object, a boolean or a non-finite number
-    there (it would be its Python repr, "['5']" or "nan", which no completion matches), and no final answer in it."""
+    there (it would be its Python repr, "['5']" or "nan", which no completion matches), and no final answer in it.
+    `graded_as` (str, or MathAnswer for --task math): the built-in correctness grades the row, so an answer it can
+    never grade correct is refused too (`_check_gradable`); None: the user's --reward grades it, unchecked."""
     key = next((k for k in ANSWER_KEYS if row.get(k) not in (None, "")), None)
     if key is None:
         return None
@@ -69,7 +79,26 @@ def _answer(row: dict, where: str) -> str | None:
             f"{where}: no final answer in {text[:80]!r}; expected a bare value, GSM8K's '#### 42' or MATH's "
             "\\boxed{42}"
         )
+    if graded_as is not None:
+        _check_gradable(text, answer, graded_as, f"{where}: the answer field {key!r}")
     return answer
+
+
+def _check_gradable(text: str, answer: str, graded_as: type, where: str) -> None:
+    """Refuse an answer that no completion can match: not a number (any number is matched by a completion that
+    states it), and the field's own text ("... #### 42", "\\boxed{Paris}", "42"), read as a completion, is not graded
+    correct against it ("Paris", "$5", "5 apples", "5%", a MATH solution without \\boxed{}): training on such a row
+    would see reward 0 whatever the model says."""
+    if _to_number(answer) is not None or correctness_reward(text, graded_as(answer)) == 1:
+        return
+    found = extract_answer(text)
+    hint = f" (if the answer is {found}, write {found!r} or '... #### {found}')" if found and found != answer else ""
+    raise ValueError(
+        f"{where}: {text[:80]!r} can never be graded correct: the built-in correctness reward reads a completion's "
+        f"final number (or its \\boxed{{}} value), and even this text as a completion scores 0 against it{hint}; "
+        "expected a bare number ('42'), GSM8K's '... #### 42' or MATH's '... \\boxed{42}' (a text answer as "
+        "'\\boxed{Paris}'; with --task jsonl, rows your own --reward grades need no answer the built-in can read)"
+    )
 
 
 class _DuplicateKey(Exception):
@@ -86,10 +115,29 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return row
 
 
+def _unencodable(value) -> str | None:
+    """The first string (a key or a value, at any depth) of a parsed JSON value that UTF-8 cannot encode, else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+    return None
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, row) of every non-blank line of a JSON Lines file (a UTF-8 byte-order mark is read past). A file
-    that is not UTF-8 text, a line that is not JSON, an object with a key given twice (at any depth), or a row that is
-    not an object raises ValueError naming the file, the line and what was expected."""
+    that is not UTF-8 text, a line that is not JSON, an object with a key given twice (at any depth), a row that is
+    not an object, or a string with a lone surrogate ("\\ud800") raises ValueError naming the file, the line and what
+    was expected."""
     data = Path(path).read_bytes()
     if b"\x00" in data:
         line = data[: data.index(b"\x00")].count(b"\n") + 1
@@ -120,6 +168,13 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
             raise ValueError(f"{path}: line {number}: not usable JSON ({why}); {JSONL_EXPECTED}") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}: line {number}: a JSON {type(row).__name__}, not an object; {JSONL_EXPECTED}")
+        bad = _unencodable(row)
+        if bad is not None:  # "\\ud800": a \\u escape of half a UTF-16 pair (JSON reads it; UTF-8 cannot encode it)
+            raise ValueError(
+                f"{path}: line {number}: the text {bad[:60]!r} holds a lone surrogate (a \\u escape of half a UTF-16 "
+                f"pair), which is not a character and cannot be tokenized; write the character itself, or both "
+                f"halves of its pair; {JSONL_EXPECTED}"
+            )
         rows.append((number, row))
     return rows
 
@@ -140,6 +195,24 @@ def unique_rows(rows: list[tuple[int, dict]], path) -> list[tuple[int, dict]]:
         more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
         print(f"warning: {path}: {len(dropped)} duplicate row(s) dropped ({', '.join(dropped[:5])}{more})")
     return out
+
+
+def warn_conflicts(lines: list[int], problems: list[Problem], path) -> None:
+    """Warn (naming both lines) of each row whose prompt is an earlier row's with a different answer: a completion
+    can be right for only one of them, so training pulls the model both ways."""
+    first: dict[str, tuple[int, str]] = {}
+    clashes = []
+    for n, p in zip(lines, problems):
+        answer = str(p.answer)
+        if not answer:  # a row graded by the reward functions alone
+            continue
+        m, earlier = first.setdefault(p.prompt, (n, answer))
+        if not answers_match(answer, earlier):
+            clashes.append(f"line {n} ({answer[:40]!r}) vs line {m} ({earlier[:40]!r})")
+    if clashes:
+        more = f" and {len(clashes) - 5} more" if len(clashes) > 5 else ""
+        print(f"warning: {path}: {len(clashes)} row(s) repeat an earlier row's prompt with a different answer "
+              f"({', '.join(clashes[:5])}{more}): a completion can be right for only one of them")  # fmt: skip
 
 
 def split_by_content(problems: list[Problem], heldout_frac: float, seed: int) -> tuple[list, list]:
@@ -206,8 +279,16 @@ class JsonlTask:
 
     system_prompt: str | None = None  # the chat template's default
 
-    def __init__(self, path: str, prompt_template: str = "{question}", heldout_frac: float = 0.2, seed: int = 0):
+    def __init__(
+        self,
+        path: str,
+        prompt_template: str = "{question}",
+        heldout_frac: float = 0.2,
+        seed: int = 0,
+        graded_as: type = str,
+    ):
         check_template(prompt_template)
+        self.graded_as = graded_as  # the answers' type as the task grades them: MathAnswer for --task math
         rows = unique_rows(read_jsonl(path), path)
         problems = [self._parse(row, prompt_template, f"{path}: line {n}") for n, row in rows]
         self.path, self.lines = str(path), {}  # the line of each prompt (its first), for the messages about it
@@ -215,11 +296,12 @@ class JsonlTask:
             self.lines.setdefault(p.prompt, n)
         if len(self.lines) < 2:
             raise ValueError(f"{path}: {len(self.lines)} distinct problem(s); need at least 2 (training and held-out)")
+        warn_conflicts([n for n, _ in rows], problems, path)
         self.train, self.test = split_by_content(problems, heldout_frac, seed)
 
     def _parse(self, row: dict, template: str, where: str) -> Problem:
         question = _question(row, where)
-        answer = _answer(row, where)
+        answer = _answer(row, where, self.graded_as)
         if question is None or answer is None:
             missing = " and ".join(
                 what
@@ -266,7 +348,8 @@ def _make_jsonl_task(name: str, data_path: str | None, prompt_template: str | No
                 f"loading it with the datasets library failed: {first}"
             ) from None
     try:
-        task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed)
+        graded_as = MathAnswer if name == "math" else str
+        task = JsonlTask(data_path, prompt_template or ANSWER_IS_TEMPLATE, heldout_frac, seed, graded_as)
     except ValueError as exc:  # the data's faults, named by file and line: a refusal, not a crash
         raise exc if isinstance(exc, Refused) else DataRefused(str(exc)) from None
     if name == "math":  # graded with math-verify when it is installed (rewards.MathAnswer)
@@ -321,7 +404,8 @@ class RowsTask(JsonlTask):
                 f"{where}: a field named {taken[0]!r}: the reward functions get prompts= and completions= (the prompt "
                 "as the model saw it and the model's completions), so this field would be lost; rename it"
             )
-        answer = _answer(row, where)
+        builtin = self.grader is None or "correctness" in dict(self.grader.refs)  # else --reward grades it alone
+        answer = _answer(row, where, str if builtin else None)
         if answer is None and self.grader is None:
             raise ValueError(
                 f"{where}: no answer (answer/solution) and no --reward to grade it; give the rows an answer or name "
