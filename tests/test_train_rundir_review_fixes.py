@@ -66,7 +66,7 @@ def test_a_refused_overwrite_keeps_the_previous_run(tmp_path, monkeypatch, capsy
 def test_a_refused_fresh_run_writes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert run(out, *refusing_flags("reward", tmp_path, monkeypatch)) == 2
-    assert list(out.iterdir()) == []  # no manifest, no config.json (the lock is gone)
+    assert not out.exists()  # no manifest, no config.json, no lock: not even the folder it made
 
 
 def test_overwrite_still_replaces_the_run(tmp_path, capsys):

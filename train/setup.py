@@ -19,6 +19,7 @@ from .distributed import ALONE, Dist
 from .engines import RolloutEngine, make_engine
 from .errors import Refused
 from .features import Features, build_features
+from .features.user_reward import checked_rewards
 from .model import add_lora, load_model_and_tokenizer, param_bytes, resolve_device, resolve_dtype, set_trainable
 from .policy import data_parallel
 from .probe import kl_probe
@@ -72,6 +73,7 @@ class Run:
     tis_cap: float = 0.0  # truncated importance sampling of a vLLM rollout's loss (0 = off; train/loss.py)
     tis_mode: str = "token_truncate"  # its level and kind (sgrpo_kernels.rl.SAMPLER_IS_MODES)
     tis_min: float = 0.0  # its lower bound (0 = none)
+    reward_functions: object = None  # --reward's functions, checked on a held-out problem (features/user_reward.py)
 
     @property
     def system_prompt(self) -> str | None:
@@ -117,6 +119,17 @@ def check_mixed_precision(cfg: TrainConfig, device, dtype) -> None:
         print(f"warning: --mixed-precision bf16 does nothing with --dtype auto on {device}: the weights are bf16")
 
 
+def prepare_task(cfg: TrainConfig) -> tuple:
+    """(the task, its held-out set, the checked --reward functions or None): everything that reads the user's data,
+    task and reward code, checked before the model loads (a bad data file, a custom task's malformed problems, a
+    reward that fails its pre-flight are refused in seconds, not after minutes of loading). Tasks draw from their own
+    seeded generators, not torch's, so building them first changes no random stream."""
+    task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
+    heldout = task.heldout(cfg.eval_problems, cfg.seed)
+    check_problems(f"--task {cfg.task}", heldout)  # a custom task's mistake: refused before claim deletes a run
+    return task, heldout, checked_rewards(cfg, task, heldout)
+
+
 def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx: Dist = ALONE, claim=None) -> Run:
     """Everything before the first step, in the order that fixes the random stream: the policy (and the reference
     model of the KL presets), optimizer and schedule, the rollout engine, the task and its held-out set, the features;
@@ -130,6 +143,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
     out_dir = output_path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    task, heldout, rewards = prepare_task(cfg)  # a data file's, a custom task's or a reward's mistake: before the model
     device = resolve_device(cfg.device)
     if ctx.enabled and device.type == "cuda":
         device = torch.device("cuda", ctx.local_rank)
@@ -152,7 +166,6 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
             f"--min-p {cfg.min_p} with --top-p {cfg.top_p} under HF generate: HF applies min_p after top_p, vLLM "
             "and the loss's log-probs before it, so the two would mean different supports; use one of them, or vLLM"
         )
-    task = make_task(cfg.task, **{k: getattr(cfg, k) for k in TASK_OPTIONS})
     system_prompt = cfg.system_prompt if cfg.system_prompt is not None else task.system_prompt
     render = lambda p: chat_prompts(tok, [p], system_prompt)[0]  # noqa: E731 -- the text the rollout feeds the model
     check_prompts_fit(task, tok, model, cfg.max_new_tokens, render, getattr(engine, "context", None))  # a JSONL
@@ -172,12 +185,12 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         engine=engine,
         task=task,
         task_rng=random.Random(cfg.seed),
-        heldout=task.heldout(cfg.eval_problems, cfg.seed),
+        heldout=heldout,
         policy=data_parallel(model, cfg.group_size, ctx),
         dist=ctx,
+        reward_functions=rewards,
         **{k: getattr(cfg, k) for k in RUN_SETTINGS},
     )
-    check_problems(f"--task {cfg.task}", run.heldout)  # a custom task's mistake: refused before claim deletes a run
     if engine.name == "vllm" and cfg.vllm_max_model_len:  # the held-out prompts fit its context (refused now, not
         engine.check_prompts([render(p) for p in run.heldout], cfg.max_new_tokens)  # at the first evaluation)
     run.features = build_features(cfg, run)  # (the reward pre-flight: the last check that can refuse the run)

@@ -42,14 +42,25 @@ class UserReward(Feature):
         return dataclasses.replace(batch, rewards=rewards.to(batch.rewards.dtype))
 
 
-def from_run(cfg, run) -> UserReward | None:
+def checked_rewards(cfg, task, heldout: list) -> RewardFunctions | None:
+    """--reward's functions, each called once on a real problem (the first held-out one) so that a wrong signature or
+    return value is refused before training (setup calls this before the model loads); None without --reward."""
     if not cfg.reward:
         return None
-    grader = getattr(run.task, "grader", None)  # --task jsonl built one already: the same functions, called once
+    grader = getattr(task, "grader", None)  # --task jsonl built one already: the same functions, called once
     functions = grader if isinstance(grader, RewardFunctions) else RewardFunctions(cfg.reward)
-    first = run.heldout[0]  # a real problem (the held-out set is never empty)
+    first = heldout[0]  # a real problem (the held-out set is never empty)
     try:
         functions.check(first.prompt, problem_fields(first), first.answer)
     except RewardError as exc:
         raise Refused(f"--reward: {exc}") from None
+    return functions
+
+
+def from_run(cfg, run) -> UserReward | None:
+    if not cfg.reward:
+        return None
+    functions = getattr(run, "reward_functions", None)  # setup checked them before the model loaded
+    if functions is None:
+        functions = checked_rewards(cfg, run.task, run.heldout)
     return UserReward(functions, cfg.group_size, cfg.format_reward_weight)

@@ -45,6 +45,7 @@ class RunLock:
     def __init__(self, directory: str | Path):
         self.path = output_path(str(directory)) / LOCK_FILE  # (a leading ~ expanded)
         self._fd: int | None = None
+        self._made: list[Path] = []
 
     def _holder(self) -> str:
         try:
@@ -82,8 +83,10 @@ class RunLock:
         return fd
 
     def __enter__(self) -> RunLock:
+        folder = self.path.parent  # the folders made here, deepest first: removed at the exit while empty
+        self._made = [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # a file in its place or on its path, no permission, a read-only filesystem
             why = exc.strerror or exc
             what = "is a file, not a folder" if self.path.parent.is_file() else f"cannot be made ({why})"
@@ -146,3 +149,8 @@ class RunLock:
         finally:
             os.close(self._fd)  # releases the flock
             self._fd = None
+        for folder in self._made:  # a run refused before it wrote anything leaves no folder behind
+            try:
+                folder.rmdir()  # (only an empty one)
+            except OSError:
+                break

@@ -1,0 +1,56 @@
+"""What reads the user's data, task and reward code is checked before the model loads (train/setup.py,
+prepare_task), and a run refused before it wrote anything leaves no folder behind (train/run/lock.py). Before: a
+malformed data file or a reward failing its pre-flight was refused after the model (and the rollout engine) had
+loaded, 15 s for the 135M model, minutes for a large one, and left the empty output folder it had made."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_cfg
+
+from train import loop
+from train.errors import Refused
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: every refusal below must come first."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr("train.setup.load_model_and_tokenizer", load)
+
+
+def test_a_malformed_data_file_is_refused_before_the_model_loads(tmp_path, no_model):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "2 + 3", "answer": "5"}\nnot json\n')
+    out = tmp_path / "a" / "b"
+    with pytest.raises(Refused, match="d.jsonl.*line 2"):
+        loop.train(tiny_cfg(out, task="gsm8k", data_path=str(data)))
+    assert not (tmp_path / "a").exists()  # the folders it made are gone: a refused fresh run writes nothing
+
+
+def test_a_reward_failing_its_pre_flight_is_refused_before_the_model_loads(tmp_path, monkeypatch, no_model):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "early_bad_reward.py").write_text("def one(completions, **kw):\n    return [1.0]\n")
+    monkeypatch.syspath_prepend(str(mods))
+    out = tmp_path / "run"
+    with pytest.raises(Refused, match="--reward: .*early_bad_reward:one"):
+        loop.train(tiny_cfg(out, reward="early_bad_reward:one"))
+    assert not out.exists()
+
+
+def test_a_folder_that_was_there_stays_and_an_empty_one_the_run_made_goes(tmp_path, no_model):
+    data = tmp_path / "d.jsonl"
+    data.write_text("not json\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(Refused):
+        loop.train(tiny_cfg(mine, task="gsm8k", data_path=str(data)))
+    assert mine.is_dir() and list(mine.iterdir()) == []  # the user's (empty) folder: not ours to remove
+    fresh = tmp_path / "fresh"
+    with pytest.raises(AssertionError, match="the model was loaded"):  # refused later: files may be there by then
+        loop.train(tiny_cfg(fresh))
+    assert not fresh.exists()  # (nothing was written before the model load)
