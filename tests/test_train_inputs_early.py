@@ -54,3 +54,27 @@ def test_a_folder_that_was_there_stays_and_an_empty_one_the_run_made_goes(tmp_pa
     with pytest.raises(AssertionError, match="the model was loaded"):  # refused later: files may be there by then
         loop.train(tiny_cfg(fresh))
     assert not fresh.exists()  # (nothing was written before the model load)
+
+
+def test_a_row_without_a_field_its_reward_takes_is_refused_naming_its_line(tmp_path, monkeypatch):
+    """Line 8 of 40 spelled `tagret`: the run stopped at step 95 with a message naming no line, and `--resume` after
+    fixing the file was refused (the data changed since the checkpoint)."""
+    from train.tasks import make_task
+    from train.tasks.jsonl import DataRefused
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "early_exact.py").write_text(
+        "def exact(completions, prompts, target, **kw):\n"
+        "    return [float(c.strip() == t) for c, t in zip(completions, target)]\n"
+        "def lenient(completions, target=None, **kw):\n    return [0.0 for _ in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(mods))
+    rows = [f'{{"prompt": "say {i}", "target": "{i}"}}' for i in range(40)]
+    rows[7] = '{"prompt": "say 7", "tagret": "7"}'
+    data = tmp_path / "typo.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataRefused, match=r"typo.jsonl: line 8: no field 'target', which reward 'early_exact:exact'"):
+        make_task("jsonl", data_path=str(data), reward="early_exact:exact")
+    task = make_task("jsonl", data_path=str(data), reward="early_exact:lenient")  # a default: the row may lack it
+    assert len(task.train) + len(task.test) == 40

@@ -424,6 +424,19 @@ class RewardFunctions:
         answers = tuple((type(t).__name__, str(t), getattr(t, "test", None)) for t in truths) if graded else None
         return tuple(completions), tuple(prompts), fields, answers
 
+    def required_fields(self) -> list[tuple[str, str]]:
+        """(function, field) for each argument a user function requires beyond `completions` and `prompts` (no
+        default, not **kwargs): every problem's row must have that field, or the call fails mid-run."""
+        out = []
+        for name, fn, _ in self.functions:
+            try:
+                params = [] if name in BUILTIN_REWARDS else inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            out += [(name, p.name) for p in params if p.default is p.empty and p.name not in ("completions", "prompts")
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+        return out
+
     def check(self, prompt: str, row: dict, truth=None) -> None:
         """Call every function on two completions of a real problem (the empty one and "0"), so that a wrong signature,
         return type or length, or a non-finite value is refused before training; RewardError if any fails."""

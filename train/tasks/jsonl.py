@@ -404,6 +404,12 @@ class RowsTask(JsonlTask):
                 f"{where}: a field named {taken[0]!r}: the reward functions get prompts= and completions= (the prompt "
                 "as the model saw it and the model's completions), so this field would be lost; rename it"
             )
+        for name, field in self.grader.required_fields() if self.grader is not None else ():
+            if field not in row:  # (the call would fail when this row is drawn, mid-run, naming no line)
+                raise ValueError(
+                    f"{where}: no field {field!r}, which reward {name!r} takes as an argument; the row has "
+                    f"{sorted(row)}; give every row that field, or the argument a default"
+                )
         builtin = self.grader is None or "correctness" in dict(self.grader.refs)  # else --reward grades it alone
         answer = _answer(row, where, str if builtin else None)
         if answer is None and self.grader is None:
