@@ -80,14 +80,56 @@ def _run_program(path: str, source: str, limits: dict, uid, workdir: str) -> Non
             _execute(source, path, {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__})
             code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if not isinstance(exc.code, int | None):
-                print(exc.code, file=sys.stderr)
+            code = _exit_status(exc.code)
         except BaseException:
-            _traceback()
+            _uncaught()
+        code = _finalize(code)
         harness.flush_streams()
     finally:
-        _exit(code & 0xFF)
+        _exit(code)
+
+
+def _exit_status(value) -> int:
+    """The exit status `python program.py` gives for `sys.exit(value)`: None 0, an int its low byte (one beyond a C
+    long 255, as CPython's -1), anything else printed to stderr and 1."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF if -(2**63) <= value < 2**63 else 255
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _finalize(code: int) -> int:
+    """What the interpreter does before it exits, as `python program.py` does it: waits for the threads that are not
+    daemons (one of them may still exit the process, or raise SystemExit: that is the status then), then runs the
+    atexit handlers. Under the limits: a thread that never ends is a timeout, as it would be outside."""
+    import atexit
+    import threading
+
+    for step in (getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)):
+        if step is None:
+            continue
+        try:
+            step()
+        except SystemExit as exc:
+            code = _exit_status(exc.code)
+        except BaseException:
+            _uncaught()
+            code = code or 1
+    return code
+
+
+def _uncaught() -> None:
+    """An uncaught exception, reported as the interpreter would: the program's own sys.excepthook if it set one, else
+    the traceback from the program's first frame."""
+    hook = sys.excepthook
+    if hook is sys.__excepthook__:
+        return _traceback()
+    try:
+        hook(*sys.exc_info())
+    except BaseException:  # (CPython then prints both; the program's traceback is enough here)
+        _traceback()
 
 
 def _traceback() -> None:
