@@ -119,6 +119,30 @@ def test_trackio_gets_the_same_names(tmp_path, monkeypatch):
     assert calls[2] == ("finish",)
 
 
+def test_a_resume_does_not_send_trackio_the_steps_it_already_has(tmp_path, monkeypatch):
+    """A run killed after step 13, resumed from its checkpoint of step 10: steps 11-13 appeared twice in trackio
+    (TensorBoard drops them with purge_step; trackio has no purge). The resume recomputes them exactly, so they are
+    not sent again; the steps after are."""
+    import types
+
+    logged = []
+    fake = types.SimpleNamespace(init=lambda **kw: None, log=lambda metrics, step=None: logged.append(step),
+                                 finish=lambda: None)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "trackio", fake)
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    with MetricsLog(path, None, "trackio") as log:
+        for step in range(1, 14):
+            log.write({"step": step, "reward_mean": 0.1 * step})
+    assert logged == list(range(1, 14))
+    logged.clear()
+    with MetricsLog(path, 10, "trackio") as log:  # the checkpoint had written 10 records
+        for step in range(11, 16):
+            log.write({"step": step, "reward_mean": 0.1 * step})
+    assert logged == [14, 15]
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == list(range(1, 16))
+
+
 def test_report_to_without_its_package_is_refused_at_parse_time(capsys, monkeypatch):
     import importlib.util
 

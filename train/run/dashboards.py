@@ -93,9 +93,13 @@ class Dashboard:
     """One run's dashboard; `log(record)` for each record metrics.jsonl gets. `purge_step`: on a resume, the first
     step whose records will be written again (TensorBoard drops what an interrupted run logged from there on)."""
 
-    def __init__(self, kind: str, out_dir: Path, config: dict | None = None, purge_step: int | None = None):
+    def __init__(self, kind: str, out_dir: Path, config: dict | None = None, purge_step: int | None = None,
+                 logged_through: int | None = None):  # fmt: skip
         backend = dashboard_backend(kind)
         self.kind = kind
+        # trackio has no purge: on a resume, the steps the stopped run had already logged are not sent again (a
+        # resume recomputes them exactly); TensorBoard drops them itself (purge_step)
+        self.skip_through = logged_through if kind == "trackio" and logged_through is not None else -1
         if kind == "tensorboard":
             log_dir = Path(out_dir) / "tensorboard"
             check_not_link(log_dir)  # (open_output_dir refuses one too; this is for the race)
@@ -110,7 +114,7 @@ class Dashboard:
             for tag, value in tags.items():
                 self.writer.add_scalar(tag, value, step)
             self.writer.flush()
-        else:
+        elif step > self.skip_through:
             self.trackio.log(tags, step=step)
 
     def close(self) -> None:

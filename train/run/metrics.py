@@ -33,6 +33,7 @@ class MetricsLog:
         self._file = None
         self.report_to, self.config = report_to, config  # --report-to: each record also goes to that dashboard
         self.dashboard = None
+        self.logged_through: int | None = None  # a resume: the last step the stopped run had written (and logged)
 
     def _kept(self) -> list[str]:
         """The first `keep_lines` lines of the file (read without following a link), less any that is not a JSON
@@ -42,6 +43,7 @@ class MetricsLog:
         if self.keep_lines is None or not self.path.exists():
             return kept
         lines = [(i, ln) for i, ln in enumerate(read_text(self.path).splitlines()) if ln.strip()]
+        self.logged_through = max((_step(ln) for _, ln in lines), default=None)  # what the dashboards already have
         for i, line in lines[: self.keep_lines]:
             try:
                 ok = isinstance(json.loads(line), dict)
@@ -71,7 +73,8 @@ class MetricsLog:
             if self.keep_lines is not None:  # a resume: TensorBoard drops what was logged after the kept records
                 purge = max((json.loads(ln).get("step", 0) for ln in kept), default=-1) + 1
             try:
-                self.dashboard = Dashboard(self.report_to, self.path.parent, self.config, purge_step=purge)
+                self.dashboard = Dashboard(self.report_to, self.path.parent, self.config, purge_step=purge,
+                                           logged_through=self.logged_through)  # fmt: skip
             except OSError as exc:  # a full disk, a folder that cannot be written: the run goes on without it
                 self._dashboard_failed("could not start", exc)
         return self
@@ -113,6 +116,14 @@ class MetricsLog:
                 dashboard.close()
             except Exception as err:  # noqa: BLE001
                 self._dashboard_failed("could not close", err)
+
+
+def _step(line: str) -> int:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return -1
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
 
 
 class NullLog:
