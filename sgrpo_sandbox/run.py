@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import keyword
 import os
 import py_compile
 import shutil
@@ -97,8 +98,9 @@ class FunctionCheck:
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             _text(value, f"FunctionCheck.{name}", "str")
-        if not self.entry_point.isidentifier():
-            raise ValueError(f"FunctionCheck.entry_point={self.entry_point!r}: expected a Python identifier")
+        if not self.entry_point.isidentifier() or keyword.iskeyword(self.entry_point):
+            raise ValueError(f"FunctionCheck.entry_point={self.entry_point!r}: expected a Python identifier (a "
+                             "function's name, not a keyword)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,9 @@ def run_many(
     limits = _limits(limits)
     if max_workers is None:
         max_workers = min(8, os.cpu_count() or 1)
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int):  # a TypeError, as the other type checks
+        raise TypeError(f"max_workers={max_workers!r}: expected an integer >= 1, not a {type(max_workers).__name__}")
+    if max_workers < 1:
         raise ValueError(f"max_workers={max_workers!r}: expected an integer >= 1")
     if not sources:
         return []

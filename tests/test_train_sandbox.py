@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from train.rewards import CodeTests, code_of, correctness_reward, correctness_rewards
-from train.sandbox import OUTPUT_TAIL, UID_BASE, Limits, isolation, run_many, run_python
+from train.sandbox import OUTPUT_TAIL, UID_BASE, FunctionCheck, Limits, isolation, run_many, run_python
 from train.tasks import HumanEvalTask, _is_heldout, make_task
 
 FAST = Limits(timeout_s=2.0, cpu_s=2, memory_mb=256, processes=8)
@@ -134,6 +134,10 @@ def test_bad_arguments():
         run_python(b"print(1)")
     with pytest.raises(ValueError, match="max_workers"):
         run_many(["pass"], FAST, max_workers=0)
+    with pytest.raises(TypeError, match="max_workers='2': expected an integer >= 1, not a str"):  # (a ValueError)
+        run_many(["pass"], FAST, max_workers="2")
+    with pytest.raises(ValueError, match="entry_point='class': expected a Python identifier"):  # (accepted)
+        FunctionCheck("def f(): pass", "def check(candidate): pass", "class")
     with pytest.raises(ValueError, match="as many"):
         correctness_rewards(["a"], [ADD, ADD])
 
