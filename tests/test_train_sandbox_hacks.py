@@ -129,17 +129,12 @@ def _expected():
     return stack[-1] if stack else None
 '''
 
-PROGRAM_READER = '''
-def _expected(*args):
-    """The expected value of `assert candidate(*args) == expected`, parsed out of the program file (which held the
-    test when the test ran in the candidate's process)."""
-    import ast, sys
-    path = sys._getframe(1).f_globals.get("__file__") or ""
-    try:
-        tree = ast.parse(open(path).read())
-    except (OSError, SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
+# the expected value of `assert candidate(*args) == expected` in a test's source `text` (None: no such line): what
+# an attack that reaches the test's text answers with
+ANSWER_FROM_TEST = """
+def _answer_in(text, args):
+    import ast
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
             try:
                 if tuple(ast.literal_eval(a) for a in node.left.args) == args:
@@ -147,7 +142,22 @@ def _expected(*args):
             except ValueError:
                 continue
     return None
+"""
+
+PROGRAM_READER = (
+    ANSWER_FROM_TEST
+    + '''
+def _expected(*args):
+    """The expected value of `assert candidate(*args) == expected`, parsed out of the program file (which held the
+    test when the test ran in the candidate's process)."""
+    import sys
+    path = sys._getframe(1).f_globals.get("__file__") or ""
+    try:
+        return _answer_in(open(path).read(), args)
+    except (OSError, SyntaxError, ValueError):
+        return None
 '''
+)
 
 
 def _dataset_reader(path: str) -> str:
