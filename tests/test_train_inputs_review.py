@@ -195,3 +195,22 @@ def test_one_prompt_with_two_answers_is_named_in_a_warning(tmp_path, capsys):
         "d.jsonl: 1 row(s) repeat an earlier row's prompt with a different answer (line 3 ('99') vs line 1 ('3'))"
         in out
     )
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
+def test_a_wide_text_file_is_named_as_such(tmp_path, encoding):
+    """It was refused as "line 1: a NUL byte: a binary file", which does not tell a user what to do."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "2 + 3", "answer": "5"}\n', encoding=encoding)
+    bits = encoding.split("-")[1]
+    with pytest.raises(ValueError, match=f"d.jsonl: UTF-{bits} text \\(from its first bytes\\); save it as UTF-8"):
+        make_task("gsm8k", data_path=str(path))
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_prompt_is_refused(tmp_path, value):
+    """JSON's NaN as the question was trained on as the prompt "nan"."""
+    path = tmp_path / "d.jsonl"
+    path.write_text(f'{{"question": {value}, "answer": "5"}}\n{{"question": "2 + 3", "answer": "5"}}\n')
+    with pytest.raises(ValueError, match="line 1: the prompt field 'question' is -?(nan|inf); expected text"):
+        make_task("gsm8k", data_path=str(path))
