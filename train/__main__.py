@@ -11,6 +11,7 @@ import sys
 
 from .config.cli import parse_args
 from .errors import TrainError, report
+from .run.files import output_path
 from .run.signals import EXIT_CODES, signal_name
 
 
@@ -23,9 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrainError as exc:
         report(exc)  # (once: under torchrun a refusal by rank 0 alone is printed by rank 0 only)
         return exc.exit_code
-    except KeyboardInterrupt as exc:  # before the loop started (loading, the probe): nothing was saved
+    except KeyboardInterrupt as exc:  # outside the loop's own handling: loading, the probe, the last bookkeeping
         name = signal_name(exc)
-        print(f"\n{name} during setup: stopped before training; nothing was saved", file=sys.stderr)
+        ckpt = output_path(cfg.output_dir) / "checkpoint" / "state.pt"
+        saved = f"its last checkpoint stays ({ckpt}: --resume continues)" if ckpt.is_file() else "nothing was saved"
+        print(f"\n{name}: stopped outside a training step; {saved}", file=sys.stderr)
         return EXIT_CODES[name]
     return EXIT_CODES[summary["signal"]] if summary["interrupted"] else 0
 

@@ -110,20 +110,22 @@ def export_model(model, tok, out_dir: Path) -> Path:
     final, tmp = out_dir / MODEL_DIR, out_dir / (MODEL_DIR + ".tmp")
     _remove(tmp)
     os.mkdir(tmp)  # ours: created now (a link planted meanwhile makes this fail, it is never followed)
+    old = None
     try:
         write_hf_folder(model, tok, tmp)
-        old = None
         if os.path.isdir(final) and not os.path.islink(final):
             old = out_dir / f"{MODEL_DIR}.tmp-old-{secrets.token_hex(4)}"
             os.rename(final, old)
         else:
             _remove(final)
         os.rename(tmp, final)
-    except BaseException:
+    except BaseException:  # (a Ctrl-C between the two renames included) model/ is put back as it was
+        if old is not None and not os.path.lexists(final):
+            os.rename(old, final)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    for stale in out_dir.glob(f"{MODEL_DIR}.tmp-old-*"):  # this one, and any an older trainer left behind
+        shutil.rmtree(stale, ignore_errors=True)
     return final
 
 

@@ -293,10 +293,13 @@ def _train(cfg: TrainConfig, loss_overrides: dict | None, model_and_tokenizer, c
         export_error = None
         if cfg.save_model and state.finished and stopped_by is None and ctx.is_main:  # OUTPUT_DIR/model/ (HF folder)
             stopped_by, export_error = export_finished(run.model, run.tok, run.out_dir)
+        STOP.hold()  # the summary is written whole: a signal now (a second Ctrl-C) waits for it, then is dropped
         try:
             summary = write_summary(cfg, run, state, stopped_by, t_start)
         except TrainError as exc:
             raise TrainError(f"{export_error}; {exc}" if export_error is not None else str(exc)) from None
+        finally:
+            STOP.release(raise_pending=False)
         if export_error is not None:
             raise TrainError(export_error)
     print(f"done in {summary['wall_s']:.0f}s; metrics in {run.out_dir / 'metrics.jsonl'}")

@@ -313,6 +313,10 @@ def _open_resume(cfg: TrainConfig, loss_cfg: LossConfig, out_dir: Path, manifest
     diffs = config_differences(ckpt, cfg, loss_cfg)
     if diffs:
         raise Refused(_differs(out_dir, ckpt_file, ckpt, diffs))
+    threads = ckpt["config"].get("threads", cfg.threads)
+    if threads != cfg.threads:  # allowed (another machine), but CPU float sums follow the thread count
+        print(f"warning: --threads {cfg.threads}, the checkpoint's run {threads}: on a CPU the number of threads "
+              "changes the order of float sums, so the run is not bitwise the one it would have been")  # fmt: skip
     data, recorded = _data_file(cfg), (manifest or {}).get("data")
     if _changed_data(recorded, data, "data_sha256"):
         raise Refused(
