@@ -86,3 +86,25 @@ def test_changing_threads_on_resume_is_warned_about(tmp_path, capsys):
     capsys.readouterr()
     loop.train(tiny_cfg(out, resume=True, threads=2, **{**SMALL, "max_steps": 2}))
     assert "warning: --threads 2, the checkpoint's run 1: on a CPU the number of threads" in capsys.readouterr().out
+
+
+def test_the_metrics_are_on_disk_before_a_checkpoint_counts_them(tmp_path, monkeypatch):
+    """The checkpoint (fsynced) records how many metrics.jsonl records it covers; the log was never fsynced, so after
+    a power loss the checkpoint could count records that were gone."""
+    from train.run import state as state_mod
+
+    order, real_fsync, real_save = [], os.fsync, state_mod.save_checkpoint
+
+    def fsync(fd):
+        order.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def save_checkpoint(*args, **kwargs):
+        order.append(("checkpoint", ""))
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(state_mod, "save_checkpoint", save_checkpoint)
+    loop.train(tiny_cfg(tmp_path / "run", **SMALL))
+    first = order.index(("checkpoint", ""))
+    assert any(what == "fsync" and path.endswith("metrics.jsonl") for what, path in order[:first]), order[:first]

@@ -107,6 +107,11 @@ class MetricsLog:
             except Exception as exc:  # noqa: BLE001 -- the dashboard's own failure never stops the run
                 self._dashboard_failed(f"step {record.get('step')} not logged", exc)
 
+    def sync(self) -> None:
+        """The records written so far, on disk (fsync): before a checkpoint that counts them is written."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+
     def __exit__(self, *exc) -> None:
         self._file.close()
         self._file = None
@@ -138,6 +143,9 @@ class NullLog:
 
     def write(self, record: dict) -> None:
         self.lines += 1
+
+    def sync(self) -> None:
+        pass
 
     def __exit__(self, *exc) -> None:
         pass

@@ -98,6 +98,7 @@ def save(cfg, run, state: LoopState, log: MetricsLog) -> None:
     rank_rngs = run.dist.objects(state.rngs) if run.dist.enabled else None
     features = run.dist.objects(state.features)
     if run.dist.is_main:
+        log.sync()  # the records the checkpoint counts are on disk before it is (a power loss keeps both or neither)
         save_checkpoint(
             run.ckpt_dir,
             run.model,
