@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m study: {exc}", file=sys.stderr)
         return 2
     if finished_runs(out, check=False):  # the report checks them (a refusal is its problem)
-        if problem := report_problem(out, args.arms, not args.no_figure):
+        if problem := report_problem(out, None, not args.no_figure):  # the manifest's arm order, as --report
             print(f"python -m study: the runs are kept in {out}, but no report was written: {problem}",
                   file=sys.stderr)  # fmt: skip
             return 2

@@ -14,12 +14,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import filecmp
 import json
 import sys
 from pathlib import Path
 
 from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
-from .results import copy_run_files, is_finished, read_config, read_manifest, write_manifest
+from .results import (
+    OPTIONAL_RUN_FILES,
+    RUN_FILES,
+    copy_run_files,
+    is_finished,
+    read_config,
+    read_manifest,
+    write_manifest,
+)
 from .trainer import dumps
 
 # How and where a run was launched, not what it computed: not compared
@@ -39,6 +48,12 @@ def compare_config(run_dir: Path, spec: RunSpec) -> tuple[list[str], list[str]]:
         f"{k}: {have.get(k, '(absent)')!r} != {want.get(k, '(absent)')!r}" for k in keys if have.get(k) != want.get(k)
     ]
     return diffs, absent
+
+
+def _same_run(a: Path, b: Path) -> bool:
+    """Whether the two run folders hold the same run files, byte for byte."""
+    names = [n for n in (*OPTIONAL_RUN_FILES, *RUN_FILES) if (a / n).is_file() or (b / n).is_file()]
+    return all((a / n).is_file() and (b / n).is_file() and filecmp.cmp(a / n, b / n, shallow=False) for n in names)
 
 
 def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], overrides: dict[str, str]) -> list[str]:
@@ -62,6 +77,9 @@ def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], ov
         diff, absent = compare_config(run, spec)
         if diff:
             raise ValueError(f"{run} is not what {dst_arm} runs under {overrides}: " + "; ".join(diff))
+        if is_finished(spec.result_dir) and not _same_run(run, spec.result_dir):
+            raise ValueError(f"{spec.result_dir} holds another finished run already (not {run}'s files); move it "
+                             "away first, or adopt into another study")  # fmt: skip
         checked.append((seed, run, spec, absent))
     keys = []
     for seed, run, spec, absent in checked:

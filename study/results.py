@@ -266,8 +266,12 @@ def copy_run_files(src: Path, dst: Path) -> None:
     names = [n for n in OPTIONAL_RUN_FILES if (src / n).is_file()] + list(RUN_FILES)
     for name in names:
         tmp = dst / (name + ".tmp")
-        shutil.copyfile(src / name, tmp)
-        os.replace(tmp, dst / name)
+        try:
+            shutil.copyfile(src / name, tmp)
+            os.replace(tmp, dst / name)
+        except BaseException:  # (a full disk) no .tmp left behind; the run stays unpublished until a later call
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def read_heldout(run_dir: Path) -> dict[int, dict] | None:

@@ -4,6 +4,7 @@ the results tree and recorded in the manifest (git sha, versions, machine, wall 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import signal
@@ -62,7 +63,9 @@ class Manifest:
             self.data["arms"] = {**old.get("arms", {}), **arms}
 
     def record(self, key: str, entry: dict) -> None:
-        self.data["runs"][key] = entry
+        """Adds one run's entry to the manifest as it is on disk now (a study.adopt meanwhile keeps its runs)."""
+        on_disk = read_manifest(self.results) or {}
+        self.data["runs"] = {**on_disk.get("runs", {}), **self.data["runs"], key: entry}
         self.save()
 
     def save(self) -> None:
@@ -105,6 +108,18 @@ def run_grid(
     manifest is saved. A KeyboardInterrupt or SIGTERM stops the running trainers with SIGTERM (each checkpoints, so the
     next call resumes them) and propagates as KeyboardInterrupt."""
     check_unrecorded(specs, manifest)
+    check_work_checkpoints(specs)
+    lock = StudyLock(manifest.results)  # released when this call ends, however it ends
+    on_disk = read_manifest(manifest.results) or {}  # (a study that ended since this one read it)
+    manifest.data["runs"] = {**on_disk.get("runs", {}), **manifest.data["runs"]}
+    try:
+        return _run_locked(specs, manifest, workers, threads, progress, out)
+    finally:
+        lock.release()
+
+
+def _run_locked(specs: list[RunSpec], manifest: Manifest, workers: int, threads: int, progress: bool, out
+                ) -> tuple[int, list[str]]:  # fmt: skip
     manifest.save()
     todo = [s for s in specs if not is_finished(s.result_dir)]
     done = len(specs) - len(todo)
@@ -131,7 +146,8 @@ def run_grid(
     failed: list[str] = []
     finished = 0
     queue = list(todo)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if _main_thread() else None
+    handled = (signal.SIGTERM, signal.SIGHUP)  # (a closed terminal, a dropped ssh session: the trainers checkpoint)
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in handled} if _main_thread() else {}
     try:
         while queue or active:
             while queue and len(active) < workers:
@@ -153,8 +169,8 @@ def run_grid(
     finally:
         if bar is not None:
             bar.close()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return finished, failed
 
 
@@ -181,7 +197,10 @@ def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: i
     rc = a.proc.returncode
     if rc != 0 or not is_finished(a.spec.work_dir):
         return False, f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}"
-    summary = publish(a.spec)
+    try:
+        summary = publish(a.spec)
+    except OSError as exc:  # a full disk: this run is reported, the others go on (the next call publishes it)
+        return False, f"FAILED {a.spec.key}: finished, but its files could not be published ({exc.strerror or exc})"
     earlier = manifest.data["runs"].get(a.spec.key, {})
     manifest.record(
         a.spec.key,
@@ -233,8 +252,65 @@ def _start(spec: RunSpec, threads: int) -> Active:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # a Ctrl-C reaches the study, which stops the trainers with SIGTERM
+            preexec_fn=_term_with_parent,  # and a study killed outright (SIGKILL) leaves none running unsupervised
         )
     return Active(spec, proc, log, time.time(), resume)
+
+
+def _term_with_parent() -> None:
+    """In the trainer's process before it starts: SIGTERM (checkpoint, exit) when the study's process dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):  # elsewhere: as before
+        pass
+
+
+def check_work_checkpoints(specs: list[RunSpec]) -> None:
+    """A run not finished in the results folder whose work folder holds a checkpoint is resumed from it: that
+    checkpoint must be this run's, field by field as study.adopt compares (compare_config); else a ValueError naming
+    it and its differences (the trainer allows some fields to change on --resume, so it would continue a run of
+    another configuration, and the study publish it as this one)."""
+    for spec in specs:
+        if is_finished(spec.result_dir) or not (spec.work_dir / "checkpoint").is_dir():
+            continue
+        if not (spec.work_dir / "config.json").is_file():
+            continue  # (the trainer refuses that resume itself, naming it)
+        diff, _ = compare_config(spec.work_dir, spec)
+        if diff:
+            more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
+            raise ValueError(
+                f"{spec.work_dir}: a checkpoint that {spec.key} would resume, of another configuration: "
+                f"{'; '.join(diff[:3])}{more}; move that folder away (the run then starts afresh), or use another "
+                "--work"
+            )
+
+
+class StudyLock:
+    """An exclusive lock on a results folder (OUT/.study.lock, flock) for the length of a study's run: a second study
+    into the same folder is refused, not left to overwrite the manifest entries of the first."""
+
+    def __init__(self, results: Path):
+        import fcntl
+
+        results.mkdir(parents=True, exist_ok=True)
+        self.path = results / ".study.lock"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(self._fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(self._fd)
+            raise ValueError(
+                f"{results} is in use by another study ({holder}); wait for it, or use another --out"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"pid {os.getpid()}".encode())
+
+    def release(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)  # while holding it
+        finally:
+            os.close(self._fd)
 
 
 def _raise_interrupt(signum, frame):
