@@ -5,6 +5,8 @@ loaded, 15 s for the 135M model, minutes for a large one, and left the empty out
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 from conftest import tiny_cfg
 
@@ -78,3 +80,31 @@ def test_a_row_without_a_field_its_reward_takes_is_refused_naming_its_line(tmp_p
         make_task("jsonl", data_path=str(data), reward="early_exact:exact")
     task = make_task("jsonl", data_path=str(data), reward="early_exact:lenient")  # a default: the row may lack it
     assert len(task.train) + len(task.test) == 40
+
+
+def test_use_vllm_on_where_it_cannot_run_is_refused_before_the_model_loads(tmp_path, no_model):
+    with pytest.raises(Refused, match="--use-vllm on: not with model 'tiny'"):
+        loop.train(tiny_cfg(tmp_path / "run", use_vllm="on"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_use_vllm_on_without_vllm_is_refused_before_the_model_loads(tmp_path, no_model):
+    with pytest.raises(Refused, match=r"vllm is not installed in this environment; install it with: pip install "
+                                      r"torch==2.13.0 && "):  # fmt: skip
+        loop.train(tiny_cfg(tmp_path / "run", model="smollm2-135m", use_vllm="on"))
+
+
+def test_a_resume_that_would_roll_out_with_another_engine_is_refused(tmp_path):
+    """--use-vllm auto falls back to HF generate where vLLM does not start: a vLLM run resumed there went on with
+    another sampler (no sampler log-probs, no TIS), its records different from the uninterrupted run's, silently."""
+    import torch
+
+    out = tmp_path / "run"
+    loop.train(tiny_cfg(out, max_steps=1, eval_k=0, kl_every=0))
+    state = out / "checkpoint" / "state.pt"
+    ckpt = torch.load(state, weights_only=True)
+    assert ckpt["loop"]["rollout_engine"] == "hf"
+    ckpt["loop"]["rollout_engine"] = "vllm"  # as a vLLM run's checkpoint says
+    torch.save(ckpt, state)
+    with pytest.raises(Refused, match="--resume: the run rolled out with vLLM .* this call with HF generate"):
+        loop.train(tiny_cfg(out, max_steps=2, eval_k=0, kl_every=0, resume=True))

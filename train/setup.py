@@ -16,7 +16,7 @@ from sgrpo_kernels.rl import LossConfig
 
 from .config import TrainConfig
 from .distributed import ALONE, Dist
-from .engines import RolloutEngine, make_engine
+from .engines import RolloutEngine, check_vllm_first, make_engine
 from .errors import Refused
 from .features import Features, build_features
 from .features.user_reward import checked_rewards
@@ -149,6 +149,7 @@ def setup(cfg: TrainConfig, loss_cfg: LossConfig, model_and_tokenizer=None, ctx:
         device = torch.device("cuda", ctx.local_rank)
     dtype = resolve_dtype(cfg.dtype, device)
     check_mixed_precision(cfg, device, dtype)
+    check_vllm_first(cfg, device, ctx)  # --use-vllm on: a vLLM that cannot run here, refused before the model loads
     torch.manual_seed(cfg.seed)
     model, tok, ref_model = load_policy(cfg, loss_cfg, device, dtype, model_and_tokenizer)
     params = set_trainable(model, cfg.train_layers, cfg.train_lm_head)

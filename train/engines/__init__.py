@@ -29,6 +29,21 @@ def _why_not_vllm(cfg, device: torch.device, dist) -> str | None:
     return None
 
 
+def check_vllm_first(cfg, device: torch.device, dist) -> None:
+    """`--use-vllm on`: what can be known before the model loads (a torchrun job, the device, the model; vllm not
+    installed) refused now, not after minutes of loading. (vllm is not imported here: its import, and what it sets,
+    stay where they always were, after the model loads.)"""
+    if cfg.use_vllm != "on":
+        return
+    why = _why_not_vllm(cfg, device, dist)
+    if why is not None:
+        raise Refused(f"--use-vllm on: not with {why}; use --use-vllm off (or auto)")
+    from .vllm import INSTALL, vllm_installed
+
+    if not vllm_installed():
+        raise Refused(f"--use-vllm on: vllm is not installed in this environment; install it with: {INSTALL}")
+
+
 def make_engine(cfg, model, tok, device: torch.device, dist) -> RolloutEngine:
     """`--use-vllm off`: HF generate. `on`: vLLM, or Refused with the reason. `auto`: vLLM when it is installed and
     starts here, else HF generate (the reason printed). The choice is printed either way."""

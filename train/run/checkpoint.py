@@ -37,7 +37,9 @@ from ..run.signals import signal_name
 FORMAT = 3
 STATE_FILE = "state.pt"
 LOOP_KEYS = ("pending", "record", "before", "after", "finished", "log_lines", "stopped_by_time_budget")
-OPTIONAL_LOOP_KEYS = ("heldout",)  # each held-out problem's outcomes (absent from checkpoints written before them)
+# each held-out problem's outcomes; the rollout engine's name (a resume must roll out the same). Absent from
+# checkpoints written before them
+OPTIONAL_LOOP_KEYS = ("heldout", "rollout_engine")
 
 
 class CheckpointError(TrainError):

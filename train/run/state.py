@@ -62,6 +62,14 @@ def resume(run, ckpt: dict) -> tuple[LoopState, int]:
     checked against the configuration by `open_output_dir`) -> (state, records of metrics.jsonl to keep)."""
     file = run.ckpt_dir / STATE_FILE
     loop = ckpt["loop"]
+    was, now = loop.get("rollout_engine"), (run.engine.name if run.engine is not None else None)
+    if was is not None and was != now:  # (--use-vllm auto fell back: the run would go on with another sampler)
+        names = {"vllm": "vLLM", "hf": "HF generate"}
+        raise Refused(
+            f"--resume: the run rolled out with {names.get(was, was)} (its checkpoint {file} says so), this call with "
+            f"{names.get(now, now)} (why: above); the resumed run would not be the run (other completions, no "
+            "sampler log-probs or TIS). Resume where it can roll out as before, or start a new run"
+        )
     unknown = [p for p in loop["pending"] if p not in PHASES]
     if unknown or (("kl" in loop["pending"] or "log" in loop["pending"]) and loop["record"] is None):
         raise CheckpointError(f"{file} is not a valid checkpoint of this trainer: pending phases {loop['pending']}")
@@ -95,6 +103,7 @@ def save(cfg, run, state: LoopState, log: MetricsLog) -> None:
     rank 0 writes (the weights and optimizer state are the same on every rank)."""
     loop = {k: getattr(state, k) for k in LOOP_KEYS if k != "log_lines"} | {"log_lines": log.lines}
     loop["heldout"] = state.heldout
+    loop["rollout_engine"] = run.engine.name if run.engine is not None else None  # a resume must roll out the same
     rank_rngs = run.dist.objects(state.rngs) if run.dist.enabled else None
     features = run.dist.objects(state.features)
     if run.dist.is_main:
