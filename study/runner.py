@@ -5,6 +5,7 @@ the results tree and recorded in the manifest (git sha, versions, machine, wall 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import signal
@@ -200,12 +201,13 @@ def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: i
     wall = time.time() - a.started
     rc = a.proc.returncode
     if rc != 0 or not is_finished(a.spec.work_dir):
+        _add_attempt(a, wall, threads)  # its time counts when a later call finishes the run
         return False, f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}"
     try:
         summary = publish(a.spec)
     except OSError as exc:  # a full disk: this run is reported, the others go on (the next call publishes it)
         return False, f"FAILED {a.spec.key}: finished, but its files could not be published ({exc.strerror or exc})"
-    earlier = manifest.data["runs"].get(a.spec.key, {})
+    earlier = _attempts(a.spec) if a.resumed else []  # the attempts it resumed from (failed, or interrupted)
     manifest.record(
         a.spec.key,
         {
@@ -215,8 +217,9 @@ def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: i
             "threads": threads,
             "workers": workers,
             # a resumed run's wall time adds to that of its earlier attempts: the manifest holds the run's whole cost
-            "wall_s": wall + (earlier.get("wall_s", 0.0) if a.resumed else 0.0),
+            "wall_s": wall + sum(e["wall_s"] for e in earlier),
             "resumed": a.resumed,
+            **({"earlier_attempts": earlier} if earlier else {}),  # (each one's wall time and threads)
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join(a.spec.argv(threads, a.resumed)[1:]),
         },
@@ -240,11 +243,36 @@ def _stop(active: list[Active]) -> None:
             a.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             a.proc.kill()
+        _add_attempt(a, time.time() - a.started, None)
+
+
+def _attempts_file(spec: RunSpec) -> Path:
+    return spec.work_dir.parent / f"{spec.work_dir.name}.attempts.json"
+
+
+def _attempts(spec: RunSpec) -> list[dict]:
+    """The run's earlier attempts that did not finish it ({"wall_s", "threads"} each), from its work folder."""
+    try:
+        data = json.loads(_attempts_file(spec).read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in data if isinstance(e, dict) and isinstance(e.get("wall_s"), int | float)] if isinstance(
+        data, list) else []  # fmt: skip
+
+
+def _add_attempt(a: Active, wall: float, threads: int | None) -> None:
+    """Notes an attempt that ended without finishing its run (a failure, an interrupted study), beside its log."""
+    try:
+        _attempts_file(a.spec).write_text(json.dumps([*_attempts(a.spec), {"wall_s": wall, "threads": threads}]))
+    except OSError:  # (a full disk: the wall time of that attempt is not counted)
+        pass
 
 
 def _start(spec: RunSpec, threads: int) -> Active:
     resume = (spec.work_dir / "checkpoint").is_dir()
     spec.work_dir.parent.mkdir(parents=True, exist_ok=True)
+    if not resume:  # a fresh start: no earlier attempt of its counts
+        _attempts_file(spec).unlink(missing_ok=True)
     log = spec.work_dir.parent / f"{spec.work_dir.name}.log"
     with open(log, "a") as fh:
         fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {'resume' if resume else 'start'}\n")

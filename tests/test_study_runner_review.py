@@ -161,3 +161,27 @@ def test_adopt_refuses_to_replace_another_finished_run(tmp_path):
         adopt(sources[1], "grpo_nokl_tr", dst, "grpo_nokl_tr_lr1.5e-4", [0], overrides)
     held = json.loads((dst / "runs" / "grpo_nokl_tr_lr1.5e-4" / "seed0" / "summary.json").read_text())
     assert held["after"]["eval_acc"] == 1.0  # still the first one's
+
+
+def test_a_resumed_runs_wall_time_sums_its_attempts(tmp_path, monkeypatch):
+    """docs/study.md: 'wall time (summed over resumes)'; the manifest held the last attempt's only (an interrupted or
+    failed attempt was never written down)."""
+    (spec,) = grid(["grpo"], [0], OVERRIDES, tmp_path / "work", tmp_path / "out")
+    spec.work_dir.mkdir(parents=True)
+    manifest = runner.Manifest(tmp_path / "out", "t", OVERRIDES, {})
+
+    def ended(code: int, seconds: float, resumed: bool) -> runner.Active:
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        proc.wait()
+        return runner.Active(spec, proc, tmp_path / "log", time.time() - seconds, resumed)
+
+    ok, _ = runner._conclude(ended(1, 100.0, False), manifest, {}, 1, 1)  # failed after 100 s (checkpointed)
+    assert not ok
+    runner._stop([ended(143, 50.0, True)])  # interrupted after 50 s more
+    monkeypatch.setattr(runner, "is_finished", lambda path: True)
+    monkeypatch.setattr(runner, "publish", lambda spec: {"before": {"eval_acc": 0.1}, "after": {"eval_acc": 0.2},
+                                                         "delta": 0.1})  # fmt: skip
+    monkeypatch.setattr(runner, "load_run", lambda path: {"collapse": False})
+    ok, _ = runner._conclude(ended(0, 10.0, True), manifest, {}, 1, 1)
+    entry = json.loads((tmp_path / "out" / "manifest.json").read_text())["runs"]["grpo/seed0"]
+    assert ok and entry["wall_s"] == pytest.approx(160.0, abs=2.0) and len(entry["earlier_attempts"]) == 2
