@@ -267,7 +267,7 @@ def test_a_smaller_engine_context_samples_the_same_and_refuses_what_does_not_fit
     assert "error: --vllm-max-model-len 30: a prompt of " in proc.stderr and "Traceback" not in proc.stderr
     assert "--max-new-tokens 12 need a context of" in proc.stderr, proc.stderr[-2000:]
     assert "--resume" not in proc.stderr  # refused before the run started: nothing to resume
-    assert not any((tmp_path / "short").iterdir())
+    assert not (tmp_path / "short").exists()  # not even the folder its lock made (3d9e17f)
 
 
 # A user serving OUTPUT_DIR/model/ (argv[1]) with vLLM as it is, against transformers on the same folder: greedy
