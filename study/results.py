@@ -97,7 +97,7 @@ def numbered_jsonl(path: Path, expected: str) -> list[tuple[int, dict]]:
 
 def is_finished(run_dir: Path) -> bool:
     """A run is finished when its folder holds a valid summary.json of a completed run (final evaluation done, not
-    interrupted) next to its metrics."""
+    interrupted, not stopped by --time-budget-s before its last step) next to its metrics."""
     try:
         summary = read_summary(run_dir)
     except (OSError, ValueError):
@@ -106,6 +106,7 @@ def is_finished(run_dir: Path) -> bool:
         isinstance(summary, dict)
         and "after" in summary
         and not summary.get("interrupted")
+        and not summary.get("stopped_by_time_budget")  # (fewer steps than its config's: a later call continues it)
         and (run_dir / "metrics.jsonl").is_file()
     )
 

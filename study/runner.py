@@ -202,6 +202,8 @@ def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: i
     rc = a.proc.returncode
     if rc != 0 or not is_finished(a.spec.work_dir):
         _add_attempt(a, wall, threads)  # its time counts when a later call finishes the run
+        if rc == 0 and (budget := _budget_stop(a.spec.work_dir)):
+            return False, f"NOT FINISHED {a.spec.key}: {budget}; not published, the same command continues it"
         return False, f"FAILED {a.spec.key} (exit status {rc}, {_minutes(wall)}); log {a.log}:\n{_tail(a.log)}"
     try:
         summary = publish(a.spec)
@@ -230,6 +232,17 @@ def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: i
         f"{summary['before']['eval_acc']:.3f} -> {summary['after']['eval_acc']:.3f} "
         f"(gain {summary.get('delta'):+.3f}), collapse {'YES' if collapse else 'no'}, {_minutes(wall)}"
     )
+
+
+def _budget_stop(work_dir: Path) -> str | None:
+    """Why the trainer stopped the run before its last step (its time budget), from its summary; else None."""
+    try:
+        summary = read_summary(work_dir)
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and summary.get("stopped_by_time_budget"):
+        return f"stopped by its time budget (time_budget_s) after step {summary.get('steps')}"
+    return None
 
 
 def _stop(active: list[Active]) -> None:

@@ -185,3 +185,20 @@ def test_a_resumed_runs_wall_time_sums_its_attempts(tmp_path, monkeypatch):
     ok, _ = runner._conclude(ended(0, 10.0, True), manifest, {}, 1, 1)
     entry = json.loads((tmp_path / "out" / "manifest.json").read_text())["runs"]["grpo/seed0"]
     assert ok and entry["wall_s"] == pytest.approx(160.0, abs=2.0) and len(entry["earlier_attempts"]) == 2
+
+
+def test_a_run_stopped_by_its_time_budget_is_not_published_as_finished(tmp_path):
+    """A run stopped by --set time_budget_s after 8 of 50 steps was published as finished (and a rerun never continued
+    it)."""
+    (spec,) = grid(["grpo"], [0], OVERRIDES, tmp_path / "work", tmp_path / "out")
+    d = write_run(tmp_path / "w", "grpo", 0, [True], [True])
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps(summary | {"stopped_by_time_budget": True, "steps": 6}))
+    assert not runner.is_finished(d)
+    spec = dataclasses.replace(spec, work_dir=d)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    manifest = runner.Manifest(tmp_path / "out", "t", OVERRIDES, {})
+    ok, line = runner._conclude(runner.Active(spec, proc, tmp_path / "log", time.time(), False), manifest, {}, 1, 1)
+    assert not ok and line == ("NOT FINISHED grpo/seed0: stopped by its time budget (time_budget_s) after step 6; not "
+                               "published, the same command continues it")  # fmt: skip
