@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_sets
+from .grid import ARMS, REGIMES, RESEARCH_ARMS, grid, parse_seeds, parse_sets
 from .report import write_report
 from .results import finished_runs, stray_folders
 from .runner import Manifest, run_grid
@@ -19,12 +19,9 @@ WORK = Path("runs/study")
 
 def _ints(text: str) -> list[int]:
     try:
-        out = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} refused: expected comma-separated seeds, e.g. 0,1,2") from None
-    if not out or min(out) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} refused: expected one or more seeds >= 0, e.g. 0,1,2")
-    return out
+        return parse_seeds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _arms(text: str) -> list[str]:

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_sets
+from .grid import ARMS, REGIMES, RESEARCH_ARMS, RunSpec, parse_seeds, parse_sets
 from .results import (
     OPTIONAL_RUN_FILES,
     RUN_FILES,
@@ -107,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="its extra trainer overrides")
     args = p.parse_args(argv)
     try:
-        seeds = sorted({int(s) for s in args.seeds.split(",") if s.strip()})
+        seeds = parse_seeds(args.seeds)
+    except ValueError as exc:
+        print(f"python -m study.adopt: --seeds {exc}", file=sys.stderr)
+        return 2
+    try:
         overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
         keys = adopt(args.src, args.arm, args.dst, args.dst_arm, seeds, overrides)
     except ValueError as exc:

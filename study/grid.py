@@ -233,6 +233,18 @@ class RunSpec:
         return cfg
 
 
+def parse_seeds(text: str) -> list[int]:
+    """The seeds of a comma-separated list such as 0,1,2, sorted, each once; a ValueError saying what is expected
+    otherwise (none, a negative, not an integer)."""
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"{text!r} refused: expected comma-separated seeds, e.g. 0,1,2") from None
+    if not out or min(out) < 0:
+        raise ValueError(f"{text!r} refused: expected one or more seeds >= 0, e.g. 0,1,2")
+    return out
+
+
 def grid(arms: list[str], seeds: list[int], overrides: dict[str, str], work: Path, results: Path) -> list[RunSpec]:
     """The runs, seed-major (every arm's seed 0 first), so that an interrupted study has whole seeds of all arms."""
     known = {**ARMS, **RESEARCH_ARMS}

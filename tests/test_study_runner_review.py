@@ -202,3 +202,17 @@ def test_a_run_stopped_by_its_time_budget_is_not_published_as_finished(tmp_path)
     ok, line = runner._conclude(runner.Active(spec, proc, tmp_path / "log", time.time(), False), manifest, {}, 1, 1)
     assert not ok and line == ("NOT FINISHED grpo/seed0: stopped by its time budget (time_budget_s) after step 6; not "
                                "published, the same command continues it")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seeds", "words"),
+    [("x", "--seeds 'x' refused: expected comma-separated seeds"), (",", "--seeds ',' refused: expected one or more")],
+)
+def test_adopt_refuses_seeds_that_are_not_seeds(tmp_path, capsys, seeds, words):
+    """'x' was "invalid literal for int()"; ',' adopted 0 runs and still made the destination and its manifest."""
+    from study.adopt import main
+
+    dst = tmp_path / "dst"
+    assert main(["--from", str(tmp_path / "src"), "--arm", "grpo", "--to", str(dst), "--as", "grpo",
+                 "--seeds", seeds]) == 2  # fmt: skip
+    assert words in capsys.readouterr().err and not dst.exists()
