@@ -210,6 +210,15 @@ def report_problem(folder: Path, order: list[str] | None, figure: bool) -> str |
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # (during the checks before the runs, or the report after them: run_grid says its own)
+        print("\npython -m study: interrupted; finished runs stay published, the same command continues",
+              file=sys.stderr)  # fmt: skip
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     first = build_parser().parse_args(argv)
     if sum(a == "--config" or a.startswith("--config=") for a in argv) > 1:  # argparse would keep the last silently

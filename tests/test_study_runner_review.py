@@ -216,3 +216,16 @@ def test_adopt_refuses_seeds_that_are_not_seeds(tmp_path, capsys, seeds, words):
     assert main(["--from", str(tmp_path / "src"), "--arm", "grpo", "--to", str(dst), "--as", "grpo",
                  "--seeds", seeds]) == 2  # fmt: skip
     assert words in capsys.readouterr().err and not dst.exists()
+
+
+def test_a_ctrl_c_before_the_runs_is_a_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    import study.__main__ as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "grid", interrupted)  # (the checks of every run's arguments, ~7 s on a cold start)
+    assert (
+        cli.main(["--arms", "grpo", "--seeds", "0", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]) == 130
+    )
+    assert "python -m study: interrupted; finished runs stay published" in capsys.readouterr().err
