@@ -17,13 +17,6 @@ RESULTS = Path("benchmarks/results/study")
 WORK = Path("runs/study")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return parse_seeds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _arms(text: str) -> list[str]:
     """Names from ARMS (the main comparison) or RESEARCH_ARMS; the default (no --arms) is ARMS only."""
     names = [a.strip() for a in text.split(",") if a.strip()]
@@ -137,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", type=_name, help="the study's name (its results folder); default: the regime's name")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="extra trainer override")
     p.add_argument("--arms", type=_arms, default=list(ARMS), help="comma-separated arms [every main arm]")
-    p.add_argument("--seeds", type=_ints, default=[0, 1, 2], help="comma-separated seeds [0,1,2]")
+    p.add_argument("--seeds", type=parse_seeds, default=[0, 1, 2], help="comma-separated seeds [0,1,2]")
     p.add_argument("--workers", type=_positive, default=1, help="runs at a time [1]")
     p.add_argument(
         "--threads",

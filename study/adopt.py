@@ -102,18 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", required=True, help="the arm's name there")
     p.add_argument("--to", dest="dst", type=Path, required=True, help="the study's results folder to copy into")
     p.add_argument("--as", dest="dst_arm", required=True, help="the arm's name in that study (study/grid.py)")
-    p.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
+    p.add_argument("--seeds", required=True, type=parse_seeds, help="comma-separated seeds, e.g. 0,1,2")
     p.add_argument("--regime", default="decisive", choices=sorted(REGIMES), help="the destination's regime")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="its extra trainer overrides")
     args = p.parse_args(argv)
     try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        print(f"python -m study.adopt: --seeds {exc}", file=sys.stderr)
-        return 2
-    try:
         overrides = {**REGIMES[args.regime], **parse_sets(args.set)}
-        keys = adopt(args.src, args.arm, args.dst, args.dst_arm, seeds, overrides)
+        keys = adopt(args.src, args.arm, args.dst, args.dst_arm, args.seeds, overrides)
     except ValueError as exc:
         print(f"python -m study.adopt: {exc}", file=sys.stderr)
         return 2

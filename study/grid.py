@@ -3,6 +3,7 @@ applied to every arm), and one run of the grid (`RunSpec`: arm x seed, its direc
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,14 +235,14 @@ class RunSpec:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """The seeds of a comma-separated list such as 0,1,2, sorted, each once; a ValueError saying what is expected
-    otherwise (none, a negative, not an integer)."""
+    """--seeds (argparse's `type`): the seeds of a comma-separated list such as 0,1,2, sorted, each once; an
+    ArgumentTypeError saying what is expected otherwise (none, a negative, not an integer)."""
     try:
         out = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise ValueError(f"{text!r} refused: expected comma-separated seeds, e.g. 0,1,2") from None
+        raise argparse.ArgumentTypeError(f"{text!r} refused: expected comma-separated seeds, e.g. 0,1,2") from None
     if not out or min(out) < 0:
-        raise ValueError(f"{text!r} refused: expected one or more seeds >= 0, e.g. 0,1,2")
+        raise argparse.ArgumentTypeError(f"{text!r} refused: expected one or more seeds >= 0, e.g. 0,1,2")
     return out
 
 

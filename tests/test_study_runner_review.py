@@ -206,16 +206,16 @@ def test_a_run_stopped_by_its_time_budget_is_not_published_as_finished(tmp_path)
 
 @pytest.mark.parametrize(
     ("seeds", "words"),
-    [("x", "--seeds 'x' refused: expected comma-separated seeds"), (",", "--seeds ',' refused: expected one or more")],
+    [("x", "--seeds: 'x' refused: expected comma-separated"), (",", "--seeds: ',' refused: expected one or more")],
 )
 def test_adopt_refuses_seeds_that_are_not_seeds(tmp_path, capsys, seeds, words):
     """'x' was "invalid literal for int()"; ',' adopted 0 runs and still made the destination and its manifest."""
     from study.adopt import main
 
     dst = tmp_path / "dst"
-    assert main(["--from", str(tmp_path / "src"), "--arm", "grpo", "--to", str(dst), "--as", "grpo",
-                 "--seeds", seeds]) == 2  # fmt: skip
-    assert words in capsys.readouterr().err and not dst.exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["--from", str(tmp_path / "src"), "--arm", "grpo", "--to", str(dst), "--as", "grpo", "--seeds", seeds])
+    assert stop.value.code == 2 and words in capsys.readouterr().err and not dst.exists()
 
 
 def test_a_ctrl_c_before_the_runs_is_a_line_not_a_traceback(tmp_path, monkeypatch, capsys):
