@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -336,7 +337,16 @@ class StudyLock:
 
         results.mkdir(parents=True, exist_ok=True)
         self.path = results / ".study.lock"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # never through a link planted in its place (the lock is truncated and written)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise ValueError(
+                f"{self.path}: cannot open the study's lock file ({exc.strerror or exc}; a link or another kind of "
+                "file in its place?); remove it, or use another --out"
+            ) from None
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            raise ValueError(f"{self.path} is not a regular file; remove it, or use another --out")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

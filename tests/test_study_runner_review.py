@@ -229,3 +229,14 @@ def test_a_ctrl_c_before_the_runs_is_a_line_not_a_traceback(tmp_path, monkeypatc
         cli.main(["--arms", "grpo", "--seeds", "0", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]) == 130
     )
     assert "python -m study: interrupted; finished runs stay published" in capsys.readouterr().err
+
+
+def test_the_study_lock_never_writes_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".study.lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"\.study\.lock: cannot open the study's lock file"):
+        runner.StudyLock(out)
+    assert victim.read_text() == "keep me"
