@@ -35,14 +35,15 @@ from .trainer import dumps
 LAUNCH_FIELDS = ("output_dir", "threads", "progress", "resume", "overwrite", "report_to")
 
 
-def compare_config(run_dir: Path, spec: RunSpec) -> tuple[list[str], list[str]]:
+def compare_config(run_dir: Path, spec: RunSpec, present_only: bool = False) -> tuple[list[str], list[str]]:
     """(the trainer fields whose value in the run's config.json differs from what `spec` would run, as "field: run's
     value != spec's value"; the fields the run lacks and `spec` leaves at their default, `absent_at_source`).
-    LAUNCH_FIELDS and the absent-at-default fields are not differences."""
+    LAUNCH_FIELDS and the absent-at-default fields are not differences; with `present_only`, no field the run lacks
+    is (a report's check of written runs)."""
     config = spec.config()
     want, defaults = (json.loads(dumps(dataclasses.asdict(c))) for c in (config, type(config)()))
     have = read_config(run_dir)
-    absent = sorted(k for k in set(want) - set(have) if want[k] == defaults.get(k))
+    absent = sorted(k for k in set(want) - set(have) if present_only or want[k] == defaults.get(k))
     keys = sorted((set(have) | set(want)) - set(LAUNCH_FIELDS) - set(absent))
     diffs = [
         f"{k}: {have.get(k, '(absent)')!r} != {want.get(k, '(absent)')!r}" for k in keys if have.get(k) != want.get(k)
@@ -54,6 +55,12 @@ def _same_run(a: Path, b: Path) -> bool:
     """Whether the two run folders hold the same run files, byte for byte."""
     names = [n for n in (*OPTIONAL_RUN_FILES, *RUN_FILES) if (a / n).is_file() or (b / n).is_file()]
     return all((a / n).is_file() and (b / n).is_file() and filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+
+
+def differences(folder: Path, spec: RunSpec, present_only: bool = False) -> str:
+    """compare_config's differences as one text (the first three, and how many more), or ""."""
+    diff, _ = compare_config(folder, spec, present_only)
+    return "; ".join(diff[:3]) + (f" (and {len(diff) - 3} more)" if len(diff) > 3 else "")
 
 
 def adopt(src: Path, src_arm: str, dst: Path, dst_arm: str, seeds: list[int], overrides: dict[str, str]) -> list[str]:

@@ -18,16 +18,13 @@ arm (§6: none is added) are left out of every test and table and named in the r
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from pathlib import Path
 
-from .adopt import LAUNCH_FIELDS
+from .adopt import differences
 from .grid import ARMS, RESEARCH_ARMS, RunSpec
 from .results import load_heldout, read_config, read_records, read_summary
 from .stats import _pair_problems
-from .trainer import dumps
 
 
 def check_plan_runs(manifest: dict, dirs: list[Path], runs: list[dict]) -> None:
@@ -50,13 +47,9 @@ def check_plan_runs(manifest: dict, dirs: list[Path], runs: list[dict]) -> None:
 def _check_regime(path: Path, spec: RunSpec) -> None:
     """Each setting in the run's config.json equals what `spec` runs (LAUNCH_FIELDS aside); a setting the run's trainer
     did not write yet is not compared (study.adopt checks those at adoption)."""
-    want, have = json.loads(dumps(dataclasses.asdict(spec.config()))), read_config(path)
-    diff = [f"{k}: {have[k]!r} != {want[k]!r}" for k in sorted(have) if k in want and k not in LAUNCH_FIELDS
-            and have[k] != want[k]]  # fmt: skip
-    if diff:
-        more = f" (and {len(diff) - 3} more)" if len(diff) > 3 else ""
-        raise ValueError(f"{path}: not a run of this study's regime and arm ({spec.arm.name}): "
-                         f"{'; '.join(diff[:3])}{more} (the run's != the study's)")  # fmt: skip
+    if diff := differences(path, spec, present_only=True):
+        raise ValueError(f"{path}: not a run of this study's regime and arm ({spec.arm.name}): {diff} (the run's != "
+                         "the study's)")  # fmt: skip
 
 
 def _check_steps(path: Path, max_steps) -> None:

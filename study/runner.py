@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adopt import compare_config
+from .adopt import differences
 from .grid import RunSpec
 from .results import copy_run_files, is_finished, load_run, read_manifest, read_summary, write_manifest
 from .trainer import cpu_info
@@ -183,17 +183,11 @@ def check_unrecorded(specs: list[RunSpec], manifest: Manifest) -> None:
     for spec in specs:
         if spec.key in manifest.data["runs"] or not is_finished(spec.result_dir):
             continue
-        if diff := _differences(spec.result_dir, spec):
+        if diff := differences(spec.result_dir, spec):
             raise ValueError(
                 f"{spec.result_dir}: a finished run that {manifest.results / 'manifest.json'} does not record, and not "
                 f"what {spec.key} runs in this study: {diff}; move it away, or use another --out"
             )
-
-
-def _differences(folder: Path, spec: RunSpec) -> str:
-    """How the run configuration in `folder` differs from what `spec` runs (compare_config; the first three), or ""."""
-    diff, _ = compare_config(folder, spec)
-    return "; ".join(diff[:3]) + (f" (and {len(diff) - 3} more)" if len(diff) > 3 else "")
 
 
 def _conclude(a: Active, manifest: Manifest, env: dict, threads: int, workers: int) -> tuple[bool, str]:
@@ -321,7 +315,7 @@ def check_work_checkpoints(specs: list[RunSpec]) -> None:
             continue
         if not (spec.work_dir / "config.json").is_file():
             continue  # (the trainer refuses that resume itself, naming it)
-        if diff := _differences(spec.work_dir, spec):
+        if diff := differences(spec.work_dir, spec):
             raise ValueError(
                 f"{spec.work_dir}: a checkpoint that {spec.key} would resume, of another configuration: {diff}; move "
                 "that folder away (the run then starts afresh), or use another --work"

@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt as exc:  # outside the loop's own handling: loading, the probe, the last bookkeeping
         name = signal_name(exc)
-        ckpt = output_path(cfg.output_dir) / "checkpoint" / "state.pt"
+        from .run.checkpoint import STATE_FILE
+
+        ckpt = output_path(cfg.output_dir) / "checkpoint" / STATE_FILE
         saved = f"its last checkpoint stays ({ckpt}: --resume continues)" if ckpt.is_file() else "nothing was saved"
         print(f"\n{name}: stopped outside a training step; {saved}", file=sys.stderr)
         return EXIT_CODES[name]
